@@ -1,0 +1,302 @@
+// tally-bench: nccl-tests-style all-reduce sweeps through a tally pool.
+//
+// Driver mode (default) launches a local pool unless --pool is given, starts
+// --workers copies of itself in worker mode, and waits for them. Worker mode
+// (--worker, configured by TALLY_* like any training process) runs the sweep
+// as one rank; rank 0 prints the table and writes --json. Each size is
+// checked for correctness apart from the timed loop, after warm-up.
+#include <CLI/CLI.hpp>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <thread>
+
+#include "tally/bench/local_pool.h"
+#include "tally/bench/pattern.h"
+#include "tally/bench/process.h"
+#include "tally/client/client.h"
+
+namespace tally::bench {
+namespace {
+
+struct SweepOptions {
+  size_t min_bytes = 4096;
+  size_t max_bytes = 64u << 20;
+  size_t factor = 2;
+  int warmup = 5;
+  int iters = 20;
+  std::string dtype = "float";
+  std::string redop = "sum";
+  std::string json_path;
+  bool check = true;
+};
+
+struct Row {
+  size_t bytes;
+  size_t count;
+  double time_us;
+  double algbw;
+  double wrong;
+};
+
+std::string human_bytes(size_t b) {
+  if (b % (1u << 20) == 0) return std::to_string(b >> 20) + "MiB";
+  if (b % 1024 == 0) return std::to_string(b >> 10) + "KiB";
+  return std::to_string(b) + "B";
+}
+
+template <typename T>
+size_t run_check(Client& client, T* data, size_t count, DType dtype, RedOp redop, Status& status) {
+  fill_pattern(data, count, client.rank());
+  status = client.allreduce(data, count, dtype, redop);
+  if (!status) return count;
+  return count_wrong(data, count, client.world_size(), redop == RedOp::kAverage);
+}
+
+int run_worker(const SweepOptions& sweep) {
+  auto options = client_options_from_env();
+  if (!options) {
+    spdlog::error("{}", options.status().to_string());
+    return 2;
+  }
+  auto dtype = parse_dtype(sweep.dtype);
+  auto redop = parse_redop(sweep.redop);
+  if (!dtype || !redop) {
+    spdlog::error("unknown dtype '{}' or reduction '{}'", sweep.dtype, sweep.redop);
+    return 2;
+  }
+  auto connected = Client::connect(*options);
+  if (!connected) {
+    spdlog::error("rank {}: {}", options->rank, connected.status().to_string());
+    return 2;
+  }
+  Client& client = **connected;
+  const size_t esize = dtype_size(*dtype);
+  // One buffer for the whole sweep, in huge pages, touched once up front.
+  const size_t capacity = (sweep.max_bytes + 4095) / 4096 * 4096 + 4096;
+  void* mem = mmap(nullptr, capacity, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (mem == MAP_FAILED) {
+    spdlog::error("cannot map {} bytes", capacity);
+    return 2;
+  }
+  madvise(mem, capacity, MADV_HUGEPAGE);
+  std::memset(mem, 0, capacity);
+
+  const bool leader = client.rank() == 0;
+  std::vector<Row> rows;
+  if (leader) {
+    std::printf("# tally-bench %s (%s) transport=tcp W=%u S=%u G=1 chunk=%s\n", TALLY_VERSION,
+                TALLY_GIT_SHA, client.world_size(), client.shards(),
+                human_bytes(options->chunk_bytes).c_str());
+    std::printf("# reduction server: every worker sends and receives the buffer once, so busbw = algbw\n");
+    std::printf("# warm-up %d, timed %d iterations; time is the mean over ranks; #wrong is checked "
+                "outside the timed loop\n#\n",
+                sweep.warmup, sweep.iters);
+    std::printf("# %10s %12s %8s %6s %10s %12s %12s %8s\n", "size", "count", "type", "redop",
+                "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
+    std::fflush(stdout);
+  }
+  int exit_code = 0;
+  for (size_t bytes = sweep.min_bytes; bytes <= sweep.max_bytes;
+       bytes = sweep.factor > 1 ? bytes * sweep.factor : bytes + 1) {
+    const size_t count = bytes / esize;
+    if (count == 0) continue;
+    Status status;
+    size_t wrong = 0;
+    if (sweep.check) {
+      switch (*dtype) {
+        case DType::kFloat32: wrong = run_check(client, static_cast<float*>(mem), count, *dtype, *redop, status); break;
+        case DType::kFloat64: wrong = run_check(client, static_cast<double*>(mem), count, *dtype, *redop, status); break;
+        case DType::kInt32: wrong = run_check(client, static_cast<int32_t*>(mem), count, *dtype, *redop, status); break;
+        case DType::kInt64: wrong = run_check(client, static_cast<int64_t*>(mem), count, *dtype, *redop, status); break;
+        default: status = Status(ErrorCode::kUnimplemented, "bench cannot check " + sweep.dtype);
+      }
+    }
+    for (int i = 0; status && i < sweep.warmup; ++i) status = client.allreduce(mem, count, *dtype, *redop);
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; status && i < sweep.iters; ++i) status = client.allreduce(mem, count, *dtype, *redop);
+    const auto t1 = std::chrono::steady_clock::now();
+    if (!status) {
+      spdlog::error("rank {}: all-reduce of {} bytes failed: {}", client.rank(), bytes, status.to_string());
+      return 1;
+    }
+    double stats[2] = {std::chrono::duration<double, std::micro>(t1 - t0).count() / std::max(1, sweep.iters),
+                       static_cast<double>(wrong)};
+    status = client.allreduce(stats, 2, DType::kFloat64, RedOp::kSum);
+    if (!status) {
+      spdlog::error("rank {}: gathering results failed: {}", client.rank(), status.to_string());
+      return 1;
+    }
+    Row row{count * esize, count, stats[0] / client.world_size(), 0, stats[1]};
+    row.algbw = row.time_us > 0 ? static_cast<double>(row.bytes) / row.time_us / 1e3 : 0;
+    if (row.wrong > 0) exit_code = 3;
+    if (leader) {
+      rows.push_back(row);
+      std::printf("  %10zu %12zu %8s %6s %10.1f %12.3f %12.3f %8.0f\n", row.bytes, row.count,
+                  std::string(dtype_name(*dtype)).c_str(), std::string(redop_name(*redop)).c_str(),
+                  row.time_us, row.algbw, row.algbw, row.wrong);
+      std::fflush(stdout);
+    }
+    if (sweep.factor <= 1 && bytes == sweep.max_bytes) break;
+  }
+  if (leader) {
+    double avg = 0;
+    for (auto& r : rows) avg += r.algbw;
+    if (!rows.empty()) avg /= static_cast<double>(rows.size());
+    std::printf("# Out of bounds values : %s\n", exit_code == 0 ? "0 OK" : "FAILED");
+    std::printf("# Avg bus bandwidth    : %.3f\n#\n", avg);
+    if (!sweep.json_path.empty()) {
+      std::ofstream out(sweep.json_path);
+      out << "{\n  \"tool\": \"tally-bench\",\n  \"version\": \"" << TALLY_VERSION
+          << "\",\n  \"git\": \"" << TALLY_GIT_SHA << "\",\n  \"transport\": \"tcp\",\n"
+          << "  \"workers\": " << client.world_size() << ",\n  \"shards\": " << client.shards()
+          << ",\n  \"groups\": 1,\n  \"chunk_bytes\": " << options->chunk_bytes
+          << ",\n  \"busbw_factor\": 1.0,\n  \"rows\": [\n";
+      for (size_t i = 0; i < rows.size(); ++i) {
+        const Row& r = rows[i];
+        char line[512];
+        std::snprintf(line, sizeof(line),
+                      "    {\"size\": %zu, \"count\": %zu, \"type\": \"%s\", \"redop\": \"%s\", "
+                      "\"time_us\": %.3f, \"algbw_gbps\": %.6f, \"busbw_gbps\": %.6f, \"wrong\": %.0f}%s\n",
+                      r.bytes, r.count, std::string(dtype_name(*dtype)).c_str(),
+                      std::string(redop_name(*redop)).c_str(), r.time_us, r.algbw, r.algbw, r.wrong,
+                      i + 1 < rows.size() ? "," : "");
+        out << line;
+      }
+      out << "  ],\n  \"avg_busbw_gbps\": " << avg << "\n}\n";
+      if (!out) {
+        spdlog::error("cannot write {}", sweep.json_path);
+        return 2;
+      }
+    }
+  }
+  munmap(mem, capacity);
+  return exit_code;
+}
+
+}  // namespace
+}  // namespace tally::bench
+
+int main(int argc, char** argv) {
+  using namespace tally;
+  using namespace tally::bench;
+  SweepOptions sweep;
+  bool worker = false;
+  std::string pool;
+  uint32_t reducers = 2;
+  uint32_t workers = 4;
+  size_t chunk_bytes = 1u << 20;
+  std::string job;
+  std::string log_level = "warn";
+  uint32_t io_threads = 2;
+  size_t memory_budget = 256u << 20;
+  int64_t op_timeout_ms = 60000;
+  int64_t timeout_s = 900;
+
+  CLI::App app{"tally-bench: all-reduce bandwidth sweeps through a tally reducer pool"};
+  app.add_option("-b,--minbytes", sweep.min_bytes, "smallest size")->transform(CLI::AsSizeValue(false))->capture_default_str();
+  app.add_option("-e,--maxbytes", sweep.max_bytes, "largest size")->transform(CLI::AsSizeValue(false))->capture_default_str();
+  app.add_option("-f,--stepfactor", sweep.factor, "multiply the size by this each step (1: add one byte)")->capture_default_str();
+  app.add_option("-w,--warmup_iters", sweep.warmup, "untimed iterations per size")->capture_default_str()->check(CLI::Range(0, 100000));
+  app.add_option("-n,--iters", sweep.iters, "timed iterations per size")->capture_default_str()->check(CLI::Range(1, 1000000));
+  app.add_option("-d,--datatype", sweep.dtype, "float, double, int32, int64")->capture_default_str();
+  app.add_option("-o,--op", sweep.redop, "sum or avg")->capture_default_str();
+  app.add_option("-c,--check", sweep.check, "check results (1) or not (0)")->capture_default_str();
+  app.add_option("--json", sweep.json_path, "also write the table as JSON here");
+  app.add_option("--pool", pool, "use this pool (host:port,... in shard order) instead of a local one")->envname("TALLY_POOL");
+  app.add_option("-r,--reducers", reducers, "reducers of the local pool")->capture_default_str()->check(CLI::Range(1, 256));
+  app.add_option("-W,--workers", workers, "worker processes to start")->capture_default_str()->check(CLI::Range(1, 1024));
+  app.add_option("--chunk-bytes", chunk_bytes, "chunk size")->transform(CLI::AsSizeValue(false))->capture_default_str();
+  app.add_option("--io-threads", io_threads, "I/O threads per local reducer")->capture_default_str();
+  app.add_option("--memory-budget", memory_budget, "chunk memory per local reducer")->transform(CLI::AsSizeValue(false))->capture_default_str();
+  app.add_option("--op-timeout-ms", op_timeout_ms, "reducers fail an op not complete by then")->capture_default_str();
+  app.add_option("--timeout-s", timeout_s, "the whole run's deadline")->capture_default_str();
+  app.add_option("--job", job, "job name (default: bench-<pid>)");
+  app.add_option("--log-level", log_level, "log level of bench and local reducers")->capture_default_str();
+  app.add_flag("--worker", worker, "run as one rank, configured by TALLY_* (used by the driver and by launchers)");
+  CLI11_PARSE(app, argc, argv);
+
+  spdlog::set_default_logger(spdlog::stderr_color_mt("tally-bench"));
+  spdlog::set_level(spdlog::level::from_str(log_level));
+  if (sweep.min_bytes == 0 || sweep.min_bytes > sweep.max_bytes) {
+    spdlog::error("need 0 < minbytes <= maxbytes");
+    return 2;
+  }
+  if (worker) return run_worker(sweep);
+
+  std::unique_ptr<LocalPool> local;
+  if (pool.empty()) {
+    LocalPoolOptions lo;
+    lo.shards = reducers;
+    lo.extra_args = {"--io-threads", std::to_string(io_threads), "--memory-budget",
+                     std::to_string(memory_budget), "--log-level", log_level,
+                     "--max-chunk-bytes", std::to_string(std::max<size_t>(4u << 20, (chunk_bytes + 4095) / 4096 * 4096))};
+    auto started = LocalPool::start(lo);
+    if (!started) {
+      spdlog::error("cannot start the local pool: {}", started.status().to_string());
+      return 2;
+    }
+    local = std::move(*started);
+    pool = local->pool_string();
+  }
+  if (job.empty()) job = "bench-" + std::to_string(getpid());
+  std::vector<Process> procs;
+  std::vector<std::string> args{"--worker", "-b", std::to_string(sweep.min_bytes), "-e",
+                                std::to_string(sweep.max_bytes), "-f", std::to_string(sweep.factor),
+                                "-w", std::to_string(sweep.warmup), "-n", std::to_string(sweep.iters),
+                                "-d", sweep.dtype, "-o", sweep.redop, "-c", sweep.check ? "1" : "0",
+                                "--log-level", log_level};
+  if (!sweep.json_path.empty()) {
+    args.push_back("--json");
+    args.push_back(sweep.json_path);
+  }
+  for (uint32_t r = 0; r < workers; ++r) {
+    ProcessSpec spec;
+    spec.path = self_dir() + "/tally-bench";
+    spec.args = args;
+    spec.env = {{"TALLY_POOL", pool},
+                {"TALLY_JOB", job},
+                {"TALLY_RANK", std::to_string(r)},
+                {"TALLY_WORLD_SIZE", std::to_string(workers)},
+                {"TALLY_CHUNK_BYTES", std::to_string(chunk_bytes)},
+                {"TALLY_OP_TIMEOUT_MS", std::to_string(op_timeout_ms)}};
+    auto p = Process::spawn(spec);
+    if (!p) {
+      spdlog::error("{}", p.status().to_string());
+      return 2;
+    }
+    procs.push_back(std::move(*p));
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
+  int result = 0;
+  std::vector<bool> finished(procs.size(), false);
+  size_t left = procs.size();
+  while (left > 0) {
+    for (size_t r = 0; r < procs.size(); ++r) {
+      if (finished[r]) continue;
+      if (auto st = procs[r].wait_for(std::chrono::milliseconds(0))) {
+        finished[r] = true;
+        --left;
+        if (*st != 0) {
+          spdlog::error("worker rank {} exited with status {}", r, *st);
+          if (result == 0) result = *st == 3 ? 3 : 1;
+        }
+      }
+    }
+    if (left == 0) break;
+    if (std::chrono::steady_clock::now() > deadline) {
+      spdlog::error("the run took longer than {} s; stopping the workers", timeout_s);
+      for (auto& p : procs) p.terminate(std::chrono::milliseconds(2000));
+      return 1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return result;
+}

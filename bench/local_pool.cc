@@ -1,0 +1,88 @@
+#include "tally/bench/local_pool.h"
+
+#include <unistd.h>
+
+#include <csignal>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+namespace tally::bench {
+
+namespace fs = std::filesystem;
+
+std::string find_reducer_binary() {
+  if (const char* env = std::getenv("TALLY_REDUCER"); env && *env) return env;
+  const std::string dir = self_dir();
+  for (const std::string& candidate :
+       {dir + "/tally-reducer", dir + "/../reducer/tally-reducer", dir + "/../../reducer/tally-reducer"}) {
+    if (access(candidate.c_str(), X_OK) == 0) return fs::weakly_canonical(candidate).string();
+  }
+  return dir + "/tally-reducer";
+}
+
+Result<std::unique_ptr<LocalPool>> LocalPool::start(const LocalPoolOptions& options) {
+  std::unique_ptr<LocalPool> pool(new LocalPool());
+  char tmpl[] = "/tmp/tally-pool-XXXXXX";
+  if (!mkdtemp(tmpl)) return Status(ErrorCode::kUnavailable, "cannot create a temporary directory");
+  pool->dir_ = tmpl;
+  const std::string binary = options.reducer_path.empty() ? find_reducer_binary() : options.reducer_path;
+  std::vector<std::string> ready_files;
+  for (uint32_t s = 0; s < options.shards; ++s) {
+    ProcessSpec spec;
+    spec.path = binary;
+    ready_files.push_back(pool->dir_ + "/ready-" + std::to_string(s));
+    spec.args = {"--listen", "127.0.0.1:0", "--shard", std::to_string(s), "--shards",
+                 std::to_string(options.shards), "--ready-file", ready_files.back()};
+    spec.args.insert(spec.args.end(), options.extra_args.begin(), options.extra_args.end());
+    if (!options.log_dir.empty()) {
+      spec.stderr_path = options.log_dir + "/reducer-" + std::to_string(s) + ".log";
+    }
+    auto p = Process::spawn(spec);
+    if (!p) return p.status();
+    pool->processes_.push_back(std::move(*p));
+  }
+  const auto deadline = std::chrono::steady_clock::now() + options.start_timeout;
+  pool->addresses_.resize(options.shards);
+  for (uint32_t s = 0; s < options.shards; ++s) {
+    while (true) {
+      std::ifstream in(ready_files[s]);
+      std::string address;
+      if (in && std::getline(in, address) && !address.empty()) {
+        pool->addresses_[s] = address;
+        break;
+      }
+      if (auto st = pool->processes_[s].wait_for(std::chrono::milliseconds(0))) {
+        return Status(ErrorCode::kUnavailable, "reducer " + std::to_string(s) + " (" + binary +
+                                                   ") exited with status " + std::to_string(*st) +
+                                                   " before listening");
+      }
+      if (std::chrono::steady_clock::now() > deadline) {
+        return Status(ErrorCode::kTimeout, "reducer " + std::to_string(s) + " did not listen within " +
+                                               std::to_string(options.start_timeout.count()) + " ms");
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
+  return pool;
+}
+
+LocalPool::~LocalPool() {
+  for (auto& p : processes_) p.signal(SIGTERM);
+  for (auto& p : processes_) p.terminate(std::chrono::milliseconds(5000));
+  std::error_code ec;
+  fs::remove_all(dir_, ec);
+}
+
+std::string LocalPool::pool_string() const {
+  std::string out;
+  for (size_t i = 0; i < addresses_.size(); ++i) {
+    if (i) out += ",";
+    out += addresses_[i];
+  }
+  return out;
+}
+
+}  // namespace tally::bench

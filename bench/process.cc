@@ -1,0 +1,133 @@
+#include "tally/bench/process.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <thread>
+
+extern char** environ;
+
+namespace tally::bench {
+
+Result<Process> Process::spawn(const ProcessSpec& spec) {
+  std::map<std::string, std::string> env;
+  for (char** e = environ; *e; ++e) {
+    std::string kv(*e);
+    auto eq = kv.find('=');
+    if (eq != std::string::npos) env[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  for (auto& [k, v] : spec.env) env[k] = v;
+  std::vector<std::string> env_strings;
+  for (auto& [k, v] : env) env_strings.push_back(k + "=" + v);
+  std::vector<char*> envp;
+  for (auto& s : env_strings) envp.push_back(s.data());
+  envp.push_back(nullptr);
+
+  std::vector<std::string> args{spec.path};
+  args.insert(args.end(), spec.args.begin(), spec.args.end());
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  if (!spec.stdout_path.empty()) {
+    posix_spawn_file_actions_addopen(&actions, 1, spec.stdout_path.c_str(),
+                                     O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  }
+  if (!spec.stderr_path.empty()) {
+    posix_spawn_file_actions_addopen(&actions, 2, spec.stderr_path.c_str(),
+                                     O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  }
+  // Children start with default signal handling and an empty mask, whatever
+  // the launcher blocked.
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  sigset_t none, all;
+  sigemptyset(&none);
+  sigfillset(&all);
+  posix_spawnattr_setsigmask(&attr, &none);
+  posix_spawnattr_setsigdefault(&attr, &all);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  pid_t pid = -1;
+  int rc = posix_spawn(&pid, spec.path.c_str(), &actions, &attr, argv.data(), envp.data());
+  posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attr);
+  if (rc != 0) {
+    return Status(ErrorCode::kUnavailable, "cannot start " + spec.path + ": " + std::strerror(rc));
+  }
+  return Process(pid);
+}
+
+Process::Process(Process&& other) noexcept : pid_(other.pid_), status_(other.status_) {
+  other.pid_ = -1;
+}
+
+Process& Process::operator=(Process&& other) noexcept {
+  if (this != &other) {
+    if (pid_ > 0 && !status_) terminate(std::chrono::milliseconds(0));
+    pid_ = other.pid_;
+    status_ = other.status_;
+    other.pid_ = -1;
+  }
+  return *this;
+}
+
+Process::~Process() {
+  if (pid_ > 0 && !status_) {
+    ::kill(pid_, SIGKILL);
+    int st = 0;
+    waitpid(pid_, &st, 0);
+  }
+}
+
+void Process::signal(int sig) const {
+  if (pid_ > 0 && !status_) ::kill(pid_, sig);
+}
+
+std::optional<int> Process::wait_for(std::chrono::milliseconds timeout) {
+  if (status_) return status_;
+  if (pid_ <= 0) return std::nullopt;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto pause = std::chrono::milliseconds(1);
+  while (true) {
+    int st = 0;
+    pid_t r = waitpid(pid_, &st, WNOHANG);
+    if (r == pid_) {
+      status_ = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+      return status_;
+    }
+    if (r < 0 && errno != EINTR) {
+      status_ = -1;
+      return status_;
+    }
+    if (std::chrono::steady_clock::now() >= deadline) return std::nullopt;
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::milliseconds(20));
+  }
+}
+
+int Process::terminate(std::chrono::milliseconds grace) {
+  if (status_) return *status_;
+  signal(SIGTERM);
+  if (auto st = wait_for(grace)) return *st;
+  signal(SIGKILL);
+  auto st = wait_for(std::chrono::milliseconds(10000));
+  return st ? *st : -1;
+}
+
+std::string self_dir() {
+  char buf[4096];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n <= 0) return ".";
+  std::string path(buf, static_cast<size_t>(n));
+  auto slash = path.rfind('/');
+  return slash == std::string::npos ? "." : path.substr(0, slash);
+}
+
+}  // namespace tally::bench

@@ -1,0 +1,609 @@
+#include "tally/client/client.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <charconv>
+#include <condition_variable>
+#include <cstdlib>
+#include <deque>
+#include <future>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <unordered_map>
+
+#include "tally.pb.h"
+#include "tally/protocol/chunking.h"
+#include "tally/protocol/control.h"
+#include "tally/protocol/frame.h"
+#include "tally/protocol/tcp_transport.h"
+
+namespace tally {
+namespace asio = boost::asio;
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+namespace {
+
+// Pause between attempts to reach a reducer that is not listening yet.
+constexpr milliseconds kConnectRetry{100};
+// After an op fails, how long its in-flight I/O may take to drain before the
+// streams still touching the caller's buffer are closed.
+constexpr milliseconds kDrainGrace{2000};
+// Early op errors kept for ops this worker has not started yet.
+constexpr size_t kEarlyErrorsKept = 1024;
+
+// The client's own deadline is a backstop behind the reducers' op timeout,
+// which is the one that names missing ranks.
+milliseconds backstop(milliseconds op_timeout) { return op_timeout + op_timeout / 2 + milliseconds(1000); }
+
+Result<uint64_t> parse_u64(const char* name, std::string_view text) {
+  uint64_t v = 0;
+  auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || ptr != text.data() + text.size()) {
+    return Status(ErrorCode::kInvalidArgument,
+                  std::string(name) + "='" + std::string(text) + "' is not a non-negative integer");
+  }
+  return v;
+}
+
+struct Op {
+  uint64_t id = 0;
+  std::byte* data = nullptr;
+  uint64_t count = 0;
+  DType dtype = DType::kFloat32;
+  RedOp redop = RedOp::kSum;
+  std::optional<ChunkPlan> plan;
+  uint64_t results = 0;
+  std::vector<uint8_t> got;            // by chunk: result written
+  std::vector<uint32_t> sending_on;    // by shard: sends the transport still reads
+  std::vector<uint32_t> receiving_on;  // by shard: cancelled receives still being written
+  bool failed = false;
+  Status failure;
+  std::optional<asio::steady_timer> deadline;
+  std::optional<asio::steady_timer> drain;
+
+  // Completion, read by the calling thread.
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  Status final;
+};
+
+}  // namespace
+
+class ShardLink;
+
+struct Client::Impl {
+  ClientOptions options;
+  uint64_t job = 0;
+  asio::io_context io{1};
+  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> guard;
+  std::thread thread;
+  std::vector<std::shared_ptr<ShardLink>> links;
+  std::atomic<uint64_t> next_op{0};
+
+  // I/O thread only.
+  std::unordered_map<uint64_t, std::shared_ptr<Op>> ops;
+  std::map<uint64_t, Status> early_errors;
+  uint64_t started_below = 0;  // ops with smaller ids have been started
+  std::optional<Status> broken;
+
+  void start_op(const std::shared_ptr<Op>& op);
+  void fail_op(const std::shared_ptr<Op>& op, const Status& status);
+  void maybe_finish(const std::shared_ptr<Op>& op);
+  void on_op_error(uint64_t op_id, const Status& status);
+  void on_link_closed(uint32_t shard, const Status& status);
+  void pump(ShardLink& link);
+};
+
+// The stream to one reducer.
+class ShardLink final : public FrameHandler, public std::enable_shared_from_this<ShardLink> {
+ public:
+  ShardLink(Client::Impl& client, uint32_t shard, HostPort address)
+      : client_(client), shard_(shard), address_(std::move(address)) {}
+
+  // Connects, says hello, resolves `welcomed` (I/O thread).
+  void connect(Clock::time_point deadline) {
+    const auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
+    if (left <= milliseconds(0)) {
+      return settle(Status(ErrorCode::kTimeout, "could not reach reducer " + address_.to_string() +
+                                                    " (shard " + std::to_string(shard_) + ") within " +
+                                                    std::to_string(client_.options.connect_timeout.count()) +
+                                                    " ms" + (last_error_.empty() ? "" : ": " + last_error_)));
+    }
+    async_tcp_connect(client_.io, address_, left,
+                      [self = shared_from_this(), deadline](Result<asio::ip::tcp::socket> r) {
+                        self->on_connected(std::move(r), deadline);
+                      });
+  }
+
+  std::future<Status> welcomed() { return welcomed_.get_future(); }
+
+  void close(const Status& why) {
+    if (conn_) conn_->close(why);
+  }
+
+  // Says goodbye, then closes once that is written (or at once if the
+  // stream is stuck: close() drops what is queued).
+  void leave(std::function<void()> done) {
+    if (!conn_ || closed_) return done();
+    wire::Control bye;
+    bye.mutable_goodbye()->set_reason("client closed");
+    conn_->send_control(bye, [conn = conn_, done](const Status&) {
+      conn->close(Status(ErrorCode::kCancelled, "client closed"));
+      done();
+    });
+  }
+
+  // FrameHandler
+  PayloadAction on_data_header(const FrameHeader& h) override {
+    if (h.kind == FrameKind::kResult && h.op < client_.started_below) {
+      auto it = client_.ops.find(h.op);
+      if (it == client_.ops.end() || it->second->failed) return PayloadAction::discard();
+    }
+    return PayloadAction::close(Status(ErrorCode::kProtocol, "unexpected " + describe(h) +
+                                                                 " from reducer " + conn_->peer()));
+  }
+
+  void on_data(const FrameHeader& h, std::span<std::byte>) override;
+
+  void on_control(const wire::Control& message) override {
+    if (message.has_welcome()) return on_welcome(message.welcome());
+    if (message.has_error()) {
+      Status status = status_from_error(message.error());
+      if (message.error().has_op()) {
+        return client_.on_op_error(message.error().op(), status.with_context(
+            "reducer " + address_.to_string() + " (shard " + std::to_string(shard_) + ")"));
+      }
+      fatal_ = status;  // the reducer closes the stream next
+      if (!settled_) settle(status.with_context("reducer " + address_.to_string()));
+      return;
+    }
+    conn_->close(Status(ErrorCode::kProtocol, "unexpected control message from reducer " + address_.to_string()));
+  }
+
+  void on_closed(const Status& status) override {
+    Status why = fatal_ ? *fatal_ : status;
+    why = why.with_context("lost reducer " + address_.to_string() + " (shard " +
+                           std::to_string(shard_) + ")");
+    closed_ = true;
+    if (!settled_) settle(why);
+    client_.on_link_closed(shard_, why);
+  }
+
+  Connection* conn() { return conn_.get(); }
+  bool closed() const { return closed_; }
+  uint32_t shard() const { return shard_; }
+
+  uint32_t window = 1;
+  uint32_t inflight = 0;
+  std::deque<std::pair<std::shared_ptr<Op>, uint32_t>> queue;
+
+ private:
+  void on_connected(Result<asio::ip::tcp::socket> r, Clock::time_point deadline) {
+    if (!r) {
+      last_error_ = r.status().message();
+      if (r.status().code() == ErrorCode::kUnavailable && Clock::now() + kConnectRetry < deadline) {
+        auto timer = std::make_shared<asio::steady_timer>(client_.io, kConnectRetry);
+        timer->async_wait([self = shared_from_this(), timer, deadline](const boost::system::error_code&) {
+          self->connect(deadline);
+        });
+        return;
+      }
+      return settle(r.status().with_context("shard " + std::to_string(shard_)));
+    }
+    ConnectionOptions copts;
+    copts.max_data_bytes = client_.options.chunk_bytes;
+    copts.heartbeat_interval = client_.options.heartbeat_interval;
+    copts.peer_timeout = client_.options.peer_timeout;
+    conn_ = make_tcp_connection(std::move(*r), copts);
+    conn_->start(shared_from_this());
+    wire::Control hello;
+    auto* h = hello.mutable_hello();
+    h->set_protocol_version(kProtocolVersion);
+    h->set_job(client_.options.job);
+    h->set_rank(client_.options.rank);
+    h->set_world_size(client_.options.world_size);
+    h->set_op_timeout_ms(static_cast<uint32_t>(client_.options.op_timeout.count()));
+    h->set_client_version(TALLY_VERSION);
+    conn_->send_control(hello);
+  }
+
+  void on_welcome(const wire::Welcome& w) {
+    const std::string who = "reducer " + address_.to_string();
+    if (settled_) {
+      return conn_->close(Status(ErrorCode::kProtocol, who + " sent a second welcome"));
+    }
+    Status bad;
+    if (w.shard_count() != client_.links.size() || w.shard() != shard_) {
+      bad = Status(ErrorCode::kInvalidArgument,
+                   who + " is shard " + std::to_string(w.shard()) + " of " +
+                       std::to_string(w.shard_count()) + ", but TALLY_POOL lists it as shard " +
+                       std::to_string(shard_) + " of " + std::to_string(client_.links.size()) +
+                       " (the pool must list every reducer, in shard order)");
+    } else if (client_.options.chunk_bytes > w.max_chunk_bytes()) {
+      bad = Status(ErrorCode::kInvalidArgument,
+                   "chunk size " + std::to_string(client_.options.chunk_bytes) + " exceeds " + who +
+                       "'s maximum of " + std::to_string(w.max_chunk_bytes()));
+    } else if (w.window_chunks() == 0) {
+      bad = Status(ErrorCode::kProtocol, who + " offers a window of 0 chunks");
+    }
+    if (!bad.is_ok()) {
+      settle(bad);
+      return conn_->close(bad);
+    }
+    window = w.window_chunks();
+    settle(Status::ok());
+  }
+
+  void settle(const Status& s) {
+    if (settled_) return;
+    settled_ = true;
+    welcomed_.set_value(s);
+  }
+
+  Client::Impl& client_;
+  const uint32_t shard_;
+  const HostPort address_;
+  std::shared_ptr<Connection> conn_;
+  std::promise<Status> welcomed_;
+  bool settled_ = false;
+  bool closed_ = false;
+  std::optional<Status> fatal_;
+  std::string last_error_;
+};
+
+void ShardLink::on_data(const FrameHeader& h, std::span<std::byte>) {
+  auto it = client_.ops.find(h.op);
+  TALLY_CHECK(it != client_.ops.end());  // a posted receive outlives its op's I/O
+  std::shared_ptr<Op> op = it->second;
+  if (op->failed) {
+    TALLY_CHECK(op->receiving_on[shard_] > 0);
+    op->receiving_on[shard_]--;
+    return client_.maybe_finish(op);
+  }
+  const ChunkExtent extent = op->plan->chunk(h.chunk);
+  if (h.count != op->count || h.dtype != op->dtype || h.offset != extent.offset ||
+      op->got[h.chunk]) {
+    client_.fail_op(op, Status(ErrorCode::kProtocol, "reducer " + address_.to_string() +
+                                                         " sent a result that does not match op " +
+                                                         std::to_string(op->id) + ": " + describe(h)));
+    return;
+  }
+  op->got[h.chunk] = 1;
+  op->results++;
+  inflight--;
+  client_.pump(*this);
+  client_.maybe_finish(op);
+}
+
+void Client::Impl::pump(ShardLink& link) {
+  while (link.inflight < link.window && !link.queue.empty() && !link.closed()) {
+    auto [op, index] = link.queue.front();
+    link.queue.pop_front();
+    if (op->failed) continue;
+    const ChunkExtent e = op->plan->chunk(index);
+    FrameHeader h;
+    h.kind = FrameKind::kContribution;
+    h.dtype = op->dtype;
+    h.redop = op->redop;
+    h.rank = options.rank;
+    h.job = job;
+    h.op = op->id;
+    h.count = op->count;
+    h.offset = e.offset;
+    h.chunk = e.index;
+    h.length = e.length;
+    link.inflight++;
+    op->sending_on[link.shard()]++;
+    const uint32_t shard = link.shard();
+    link.conn()->send(h, {op->data + e.offset, e.length}, [this, op, shard](const Status& s) {
+      op->sending_on[shard]--;
+      if (!s.is_ok()) fail_op(op, s);
+      maybe_finish(op);
+    });
+  }
+}
+
+void Client::Impl::start_op(const std::shared_ptr<Op>& op) {
+  started_below = op->id + 1;
+  const uint32_t shards = static_cast<uint32_t>(links.size());
+  op->sending_on.assign(shards, 0);
+  op->receiving_on.assign(shards, 0);
+  ops.emplace(op->id, op);
+  if (broken) return fail_op(op, *broken);
+  if (auto it = early_errors.find(op->id); it != early_errors.end()) {
+    Status s = it->second;
+    early_errors.erase(it);
+    return fail_op(op, s);
+  }
+  op->got.assign(op->plan->chunk_count(), 0);
+  op->deadline.emplace(io, backstop(options.op_timeout));
+  op->deadline->async_wait([this, op](const boost::system::error_code& ec) {
+    if (ec) return;
+    std::string pending;
+    for (uint64_t k = 0; k < op->plan->chunk_count(); ++k) {
+      if (!op->got[k]) {
+        pending = "chunk " + std::to_string(k) + " (shard " + std::to_string(k % links.size()) + ")";
+        break;
+      }
+    }
+    fail_op(op, Status(ErrorCode::kTimeout,
+                       "op " + std::to_string(op->id) + ": no answer from the pool within " +
+                           std::to_string(backstop(options.op_timeout).count()) +
+                           " ms, first missing " + pending));
+  });
+  for (uint64_t k = 0; k < op->plan->chunk_count(); ++k) {
+    const ChunkExtent e = op->plan->chunk(k);
+    ShardLink& link = *links[e.shard];
+    link.conn()->post_receive({FrameKind::kResult, op->id, e.index}, {op->data + e.offset, e.length});
+    link.queue.emplace_back(op, e.index);
+  }
+  for (auto& link : links) pump(*link);
+}
+
+void Client::Impl::fail_op(const std::shared_ptr<Op>& op, const Status& status) {
+  if (op->failed || op->done) return;
+  op->failed = true;
+  op->failure = status;
+  if (op->deadline) op->deadline->cancel();
+  if (op->plan) {
+    for (uint64_t k = 0; k < op->got.size(); ++k) {
+      if (op->got[k]) continue;
+      const ChunkExtent e = op->plan->chunk(k);
+      ShardLink& link = *links[e.shard];
+      if (link.closed()) continue;  // a closed stream touches no buffer
+      if (!link.conn()->cancel_receive({FrameKind::kResult, op->id, e.index})) {
+        op->receiving_on[e.shard]++;
+      }
+    }
+    // Chunks sent without a result give their window slot back; queued ones
+    // are skipped by pump.
+    for (auto& link : links) {
+      uint32_t released = 0;
+      for (uint64_t k = link->shard(); k < op->got.size(); k += links.size()) {
+        if (!op->got[k]) released++;
+      }
+      uint32_t queued = 0;
+      for (auto& [qop, index] : link->queue) queued += qop == op;
+      released -= queued;
+      link->inflight -= std::min(link->inflight, released);
+      std::erase_if(link->queue, [&](auto& entry) { return entry.first == op; });
+    }
+  }
+  maybe_finish(op);
+  if (!op->done) {
+    op->drain.emplace(io, kDrainGrace);
+    op->drain->async_wait([this, op](const boost::system::error_code& ec) {
+      if (ec || op->done) return;
+      for (auto& link : links) {
+        if (op->sending_on[link->shard()] || op->receiving_on[link->shard()]) {
+          link->close(Status(ErrorCode::kTimeout,
+                             "op " + std::to_string(op->id) + " failed and its I/O did not drain in " +
+                                 std::to_string(kDrainGrace.count()) + " ms"));
+        }
+      }
+    });
+  }
+  for (auto& link : links) pump(*link);
+}
+
+void Client::Impl::maybe_finish(const std::shared_ptr<Op>& op) {
+  if (op->done) return;
+  for (size_t s = 0; s < links.size(); ++s) {
+    if (op->sending_on[s] || op->receiving_on[s]) return;
+  }
+  if (!op->failed && op->results != (op->plan ? op->plan->chunk_count() : 0)) return;
+  op->done = true;
+  if (op->deadline) op->deadline->cancel();
+  if (op->drain) op->drain->cancel();
+  ops.erase(op->id);
+  std::lock_guard lock(op->mu);
+  op->final = op->failed ? op->failure : Status::ok();
+  op->cv.notify_all();
+}
+
+void Client::Impl::on_op_error(uint64_t op_id, const Status& status) {
+  if (auto it = ops.find(op_id); it != ops.end()) return fail_op(it->second, status);
+  if (op_id < started_below) return;  // already finished here
+  if (early_errors.size() >= kEarlyErrorsKept) early_errors.erase(early_errors.begin());
+  early_errors.emplace(op_id, status);
+}
+
+void Client::Impl::on_link_closed(uint32_t shard, const Status& status) {
+  if (!broken) broken = status;
+  std::vector<std::shared_ptr<Op>> all;
+  for (auto& [id, op] : ops) {
+    op->receiving_on[shard] = 0;
+    all.push_back(op);
+  }
+  links[shard]->queue.clear();
+  for (auto& op : all) {
+    fail_op(op, status);
+    maybe_finish(op);
+  }
+}
+
+Status validate(const ClientOptions& o) {
+  auto bad = [](std::string m) { return Status(ErrorCode::kInvalidArgument, std::move(m)); };
+  if (o.pool.empty()) return bad("the pool is empty (set TALLY_POOL to host:port,...)");
+  for (auto& a : o.pool) {
+    auto hp = parse_host_port(a);
+    if (!hp) return hp.status();
+  }
+  if (o.job.empty() || o.job.size() > 256) return bad("job name must have 1 to 256 bytes");
+  if (o.world_size == 0) return bad("world size must be at least 1");
+  if (o.rank >= o.world_size) {
+    return bad("rank " + std::to_string(o.rank) + " is not below world size " +
+               std::to_string(o.world_size));
+  }
+  if (o.chunk_bytes < 8) return bad("chunk size must be at least 8 bytes");
+  if (o.op_timeout.count() <= 0 || o.op_timeout.count() > std::numeric_limits<uint32_t>::max()) {
+    return bad("op timeout must be positive (milliseconds)");
+  }
+  if (o.connect_timeout.count() <= 0) return bad("connect timeout must be positive");
+  if (o.heartbeat_interval.count() <= 0 || o.peer_timeout <= o.heartbeat_interval) {
+    return bad("peer timeout must exceed the heartbeat interval");
+  }
+  return Status::ok();
+}
+
+Result<ClientOptions> client_options_from_env() {
+  ClientOptions o;
+  auto get = [](const char* name) -> std::optional<std::string> {
+    const char* v = std::getenv(name);
+    if (!v || !*v) return std::nullopt;
+    return std::string(v);
+  };
+  auto pool = get("TALLY_POOL");
+  if (!pool) return Status(ErrorCode::kInvalidArgument, "TALLY_POOL is not set (host:port,... in shard order)");
+  std::string_view rest = *pool;
+  while (!rest.empty()) {
+    auto comma = rest.find(',');
+    auto item = rest.substr(0, comma);
+    if (!item.empty()) o.pool.emplace_back(item);
+    if (comma == std::string_view::npos) break;
+    rest.remove_prefix(comma + 1);
+  }
+  auto job = get("TALLY_JOB");
+  if (!job) return Status(ErrorCode::kInvalidArgument, "TALLY_JOB is not set");
+  o.job = *job;
+  struct Num {
+    const char* name;
+    bool required;
+    std::function<void(uint64_t)> set;
+  };
+  const Num nums[] = {
+      {"TALLY_RANK", true, [&](uint64_t v) { o.rank = static_cast<uint32_t>(v); }},
+      {"TALLY_WORLD_SIZE", true, [&](uint64_t v) { o.world_size = static_cast<uint32_t>(v); }},
+      {"TALLY_CHUNK_BYTES", false, [&](uint64_t v) { o.chunk_bytes = v; }},
+      {"TALLY_OP_TIMEOUT_MS", false, [&](uint64_t v) { o.op_timeout = milliseconds(v); }},
+      {"TALLY_CONNECT_TIMEOUT_MS", false, [&](uint64_t v) { o.connect_timeout = milliseconds(v); }},
+      {"TALLY_HEARTBEAT_MS", false, [&](uint64_t v) { o.heartbeat_interval = milliseconds(v); }},
+      {"TALLY_PEER_TIMEOUT_MS", false, [&](uint64_t v) { o.peer_timeout = milliseconds(v); }},
+  };
+  for (const Num& n : nums) {
+    auto v = get(n.name);
+    if (!v) {
+      if (n.required) return Status(ErrorCode::kInvalidArgument, std::string(n.name) + " is not set");
+      continue;
+    }
+    auto parsed = parse_u64(n.name, *v);
+    if (!parsed) return parsed.status();
+    if ((n.name == std::string_view("TALLY_RANK") || n.name == std::string_view("TALLY_WORLD_SIZE")) &&
+        *parsed > std::numeric_limits<uint32_t>::max()) {
+      return Status(ErrorCode::kInvalidArgument, std::string(n.name) + " is too large");
+    }
+    n.set(*parsed);
+  }
+  TALLY_RETURN_IF_ERROR(validate(o));
+  return o;
+}
+
+Result<std::unique_ptr<Client>> Client::connect(const ClientOptions& options) {
+  TALLY_RETURN_IF_ERROR(validate(options));
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  impl->job = job_id(options.job);
+  for (uint32_t s = 0; s < options.pool.size(); ++s) {
+    impl->links.push_back(std::make_shared<ShardLink>(*impl, s, *parse_host_port(options.pool[s])));
+  }
+  impl->guard.emplace(asio::make_work_guard(impl->io));
+  impl->thread = std::thread([io = &impl->io] { io->run(); });
+  // From here on `client` owns the thread: an early return closes and joins.
+  std::unique_ptr<Client> client(new Client(std::move(impl)));
+  Impl& im = *client->impl_;
+  std::vector<std::future<Status>> welcomes;
+  for (auto& link : im.links) welcomes.push_back(link->welcomed());
+  const auto deadline = Clock::now() + options.connect_timeout;
+  asio::post(im.io, [&im, deadline] {
+    for (auto& link : im.links) link->connect(deadline);
+  });
+  for (auto& w : welcomes) {
+    // The I/O thread settles every future by the deadline; the margin covers scheduling.
+    if (w.wait_until(deadline + milliseconds(2000)) != std::future_status::ready) {
+      return Status(ErrorCode::kTimeout, "joining the pool took longer than " +
+                                             std::to_string(options.connect_timeout.count()) + " ms");
+    }
+    Status s = w.get();
+    if (!s.is_ok()) return s.with_context("job '" + options.job + "' rank " + std::to_string(options.rank));
+  }
+  return client;
+}
+
+Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Client::~Client() {
+  std::promise<void> left;
+  asio::post(impl_->io, [im = impl_.get(), &left] {
+    auto remaining = std::make_shared<size_t>(im->links.size());
+    for (auto& link : im->links) {
+      link->leave([remaining, &left] {
+        if (--*remaining == 0) left.set_value();
+      });
+    }
+  });
+  // A stream that cannot take its goodbye in time is closed without it.
+  if (left.get_future().wait_for(milliseconds(2000)) != std::future_status::ready) {
+    asio::post(impl_->io, [im = impl_.get()] {
+      for (auto& link : im->links) link->close(Status(ErrorCode::kCancelled, "client closed"));
+    });
+  }
+  impl_->guard.reset();
+  // Streams close at once; their timers and reads end with them.
+  if (impl_->thread.joinable()) impl_->thread.join();
+  // Break the link <-> connection cycles of streams that never opened.
+  impl_->links.clear();
+}
+
+Status Client::allreduce(void* data, size_t count, DType dtype, RedOp redop) {
+  auto op = std::make_shared<Op>();
+  op->id = impl_->next_op.fetch_add(1);
+  const size_t esize = dtype_size(dtype);
+  if (esize == 0) return Status(ErrorCode::kInvalidArgument, "unknown dtype");
+  if (redop != RedOp::kSum && redop != RedOp::kAverage) {
+    return Status(ErrorCode::kInvalidArgument, "unknown reduction");
+  }
+  if (count > std::numeric_limits<uint64_t>::max() / esize) {
+    return Status(ErrorCode::kInvalidArgument, "element count overflows");
+  }
+  if (count == 0) return Status::ok();  // nothing to sum; the op number is used all the same
+  if (data == nullptr) return Status(ErrorCode::kInvalidArgument, "null buffer");
+  if (reinterpret_cast<uintptr_t>(data) % esize != 0) {
+    return Status(ErrorCode::kInvalidArgument, "buffer is not aligned to its element size");
+  }
+  op->data = static_cast<std::byte*>(data);
+  op->count = count;
+  op->dtype = dtype;
+  op->redop = redop;
+  op->plan.emplace(count * esize, esize, impl_->options.chunk_bytes,
+                   static_cast<uint32_t>(impl_->links.size()));
+  if (op->plan->chunk_count() > std::numeric_limits<uint32_t>::max()) {
+    return Status(ErrorCode::kInvalidArgument, "tensor has more than 2^32 chunks; raise the chunk size");
+  }
+  asio::post(impl_->io, [im = impl_.get(), op] { im->start_op(op); });
+  std::unique_lock lock(op->mu);
+  // The I/O thread finishes every op by its backstop plus the drain grace;
+  // waiting much longer means a bug in tally, not a slow peer.
+  const auto limit = backstop(impl_->options.op_timeout) + kDrainGrace + milliseconds(30000);
+  if (!op->cv.wait_for(lock, limit, [&] { return op->done; })) {
+    std::fprintf(stderr, "tally: op %llu did not finish within %lld ms\n",
+                 static_cast<unsigned long long>(op->id), static_cast<long long>(limit.count()));
+    std::abort();
+  }
+  return op->final;
+}
+
+uint32_t Client::rank() const { return impl_->options.rank; }
+uint32_t Client::world_size() const { return impl_->options.world_size; }
+uint32_t Client::shards() const { return static_cast<uint32_t>(impl_->links.size()); }
+
+}  // namespace tally

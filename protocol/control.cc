@@ -1,0 +1,27 @@
+#include "tally/protocol/control.h"
+
+namespace tally {
+
+wire::Control make_error(const Status& status, std::optional<uint64_t> op,
+                         const std::vector<uint32_t>& ranks) {
+  wire::Control message;
+  wire::Error* error = message.mutable_error();
+  error->set_code(static_cast<wire::ErrorCode>(status.code()));
+  error->set_message(status.message());
+  if (op) {
+    error->set_has_op(true);
+    error->set_op(*op);
+  }
+  for (uint32_t rank : ranks) error->add_ranks(rank);
+  return message;
+}
+
+Status status_from_error(const wire::Error& error) {
+  auto code = static_cast<ErrorCode>(error.code());
+  if (code == ErrorCode::kOk || static_cast<uint32_t>(code) > static_cast<uint32_t>(ErrorCode::kInternal)) {
+    code = ErrorCode::kInternal;
+  }
+  return Status(code, error.message());
+}
+
+}  // namespace tally

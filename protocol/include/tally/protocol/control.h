@@ -1,0 +1,19 @@
+// Helpers around tally.wire.Control, shared by reducer and client.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "tally.pb.h"
+#include "tally/protocol/status.h"
+
+namespace tally {
+
+// An Error control message for `status`; `op` makes it an op failure.
+wire::Control make_error(const Status& status, std::optional<uint64_t> op = std::nullopt,
+                         const std::vector<uint32_t>& ranks = {});
+// The Status an Error message carries.
+Status status_from_error(const wire::Error& error);
+
+}  // namespace tally

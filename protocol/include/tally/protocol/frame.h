@@ -1,0 +1,81 @@
+// The fixed 64-byte little-endian frame header that starts every message on
+// a tally stream. Control frames carry a protobuf `tally.wire.Control` as
+// payload; data frames carry raw tensor bytes, never protobuf-encoded.
+//
+//  offset size field    meaning
+//   0     4    magic    "TALY" (0x594C4154 little-endian)
+//   4     2    version  kProtocolVersion; another value is a version error
+//   6     1    kind     FrameKind
+//   7     1    dtype    DType of the payload elements (data frames)
+//   8     1    redop    RedOp of the op (data frames)
+//   9     1    reserved must be 0
+//  10     2    flags    must be 0 in this version
+//  12     4    rank     sender's rank (contributions); 0xFFFFFFFF from a reducer
+//  16     8    job      64-bit job id (job_id(name)), checked against the stream's job
+//  24     8    op       op sequence number within the job
+//  32     8    count    total elements of the op's tensor (agreement check)
+//  40     8    offset   byte offset of this chunk in the tensor
+//  48     4    chunk    chunk index within the op
+//  52     4    reserved must be 0
+//  56     8    length   payload bytes following the header
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "tally/protocol/dtype.h"
+#include "tally/protocol/status.h"
+
+namespace tally {
+
+inline constexpr uint32_t kFrameMagic = 0x594C4154;  // "TALY" in memory order
+inline constexpr uint16_t kProtocolVersion = 1;
+inline constexpr size_t kFrameHeaderBytes = 64;
+// Control messages are small (hello, errors); anything larger is hostile.
+inline constexpr size_t kMaxControlBytes = 64 * 1024;
+inline constexpr uint32_t kReducerRank = 0xFFFFFFFF;
+
+enum class FrameKind : uint8_t {
+  kControl = 1,       // payload: tally.wire.Control
+  kContribution = 2,  // worker -> reducer: one chunk of the worker's input
+  kResult = 3,        // reducer -> worker: one chunk of the finished sum
+};
+
+struct FrameHeader {
+  FrameKind kind = FrameKind::kControl;
+  DType dtype = DType::kFloat32;
+  RedOp redop = RedOp::kSum;
+  uint32_t rank = 0;
+  uint64_t job = 0;
+  uint64_t op = 0;
+  uint64_t count = 0;
+  uint64_t offset = 0;
+  uint32_t chunk = 0;
+  uint64_t length = 0;
+};
+
+using EncodedHeader = std::array<std::byte, kFrameHeaderBytes>;
+
+// Limits a receiver applies before it reads or allocates anything.
+struct FrameLimits {
+  size_t max_data_bytes = 0;  // largest data payload accepted
+};
+
+EncodedHeader encode_header(const FrameHeader& header);
+// Validates magic, version, kind, dtype, redop, reserved bits, the payload
+// length against `limits` and the chunk's extent against the op's size.
+// Errors: kVersionMismatch for another version, kProtocol for the rest.
+Result<FrameHeader> decode_header(std::span<const std::byte, kFrameHeaderBytes> bytes,
+                                  const FrameLimits& limits);
+
+// Stable 64-bit id of a job name (FNV-1a), the same on every host and build.
+uint64_t job_id(std::string_view job_name);
+
+// "contribution job=.. op=3 chunk=1 rank=2 offset=.. length=.." for logs.
+std::string describe(const FrameHeader& header);
+
+}  // namespace tally

@@ -1,0 +1,56 @@
+// TCP transport on Boost.Asio: a Connection per socket, a listener that
+// spreads accepted sockets over I/O contexts, and a connect with a deadline.
+#pragma once
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tally/protocol/transport.h"
+
+namespace tally {
+
+// Wraps a connected socket. The connection lives on the socket's executor.
+std::shared_ptr<Connection> make_tcp_connection(boost::asio::ip::tcp::socket socket,
+                                                const ConnectionOptions& options);
+
+// Splits "host:port" ("[::1]:7000" for IPv6). Errors: kInvalidArgument.
+struct HostPort {
+  std::string host;
+  uint16_t port = 0;
+  std::string to_string() const;
+};
+Result<HostPort> parse_host_port(std::string_view text);
+
+// Resolves and connects within `timeout`, trying each resolved address.
+// `done` runs on `ctx` with the socket or kUnavailable / kTimeout naming the
+// address.
+void async_tcp_connect(boost::asio::io_context& ctx, const HostPort& address,
+                       std::chrono::milliseconds timeout,
+                       std::function<void(Result<boost::asio::ip::tcp::socket>)> done);
+
+// Accepts connections and hands each to `on_accept`, with the socket placed
+// on the next of `contexts` in turn (one connection, one I/O thread).
+class TcpListener {
+ public:
+  using AcceptFn = std::function<void(boost::asio::ip::tcp::socket)>;
+  // Binds and listens; port 0 picks a free port. Errors: kUnavailable.
+  static Result<std::unique_ptr<TcpListener>> listen(
+      std::vector<boost::asio::io_context*> contexts, const HostPort& address, AcceptFn on_accept);
+  ~TcpListener();
+  boost::asio::ip::tcp::endpoint local_endpoint() const;
+  // Stops accepting; safe from any thread.
+  void close();
+
+ private:
+  struct Impl;
+  explicit TcpListener(std::shared_ptr<Impl> impl);
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace tally

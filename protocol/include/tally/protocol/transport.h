@@ -1,0 +1,120 @@
+// The transport interface: one Connection per peer stream, message-oriented.
+//
+// A Connection moves frames (header + payload) between two processes. Data
+// payloads are never copied by the transport: a sender's payload is read in
+// place until its SendDone runs, and a receiver names the destination of a
+// payload, either ahead of time with post_receive() (the result of a chunk
+// lands straight in the caller's tensor; a libfabric transport maps this to
+// a tagged receive posted into registered memory) or on arrival through
+// FrameHandler::on_data_header() (the reducer's pool buffers; libfabric's
+// unexpected-message path).
+//
+// Threading: every Connection lives on one executor (one I/O thread). All
+// methods must be called on it; other threads post to executor(). Handler
+// callbacks run on it too.
+#pragma once
+
+#include <boost/asio/any_io_executor.hpp>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "tally/protocol/frame.h"
+#include "tally/protocol/status.h"
+
+namespace tally {
+namespace wire {
+class Control;
+}
+
+// Identifies a payload a receiver expects: the kind and (op, chunk) of a
+// frame on this connection.
+struct ReceiveKey {
+  FrameKind kind = FrameKind::kResult;
+  uint64_t op = 0;
+  uint32_t chunk = 0;
+  bool operator==(const ReceiveKey&) const = default;
+};
+
+struct ReceiveKeyHash {
+  size_t operator()(const ReceiveKey& k) const {
+    return std::hash<uint64_t>()(k.op * 0x9E3779B97F4A7C15ULL ^ (uint64_t{k.chunk} << 8) ^
+                                 static_cast<uint64_t>(k.kind));
+  }
+};
+
+// What to do with the payload of a data frame nobody posted a receive for.
+struct PayloadAction {
+  enum class Kind { kReceive, kDiscard, kPause, kClose };
+  Kind kind = Kind::kDiscard;
+  std::span<std::byte> dst;  // kReceive: exactly header.length bytes
+  Status error;              // kClose: the reason, logged and given to on_closed
+
+  static PayloadAction receive(std::span<std::byte> dst) { return {Kind::kReceive, dst, {}}; }
+  static PayloadAction discard() { return {Kind::kDiscard, {}, {}}; }
+  // Stop reading this stream (back-pressure) until Connection::resume(); the
+  // same header is then offered again.
+  static PayloadAction pause() { return {Kind::kPause, {}, {}}; }
+  static PayloadAction close(Status why) { return {Kind::kClose, {}, std::move(why)}; }
+};
+
+// Implemented by the owner of a connection (a reducer's worker session, a
+// client's shard link). Called on the connection's executor.
+class FrameHandler {
+ public:
+  virtual ~FrameHandler() = default;
+  // A data frame arrived with no posted receive for it.
+  virtual PayloadAction on_data_header(const FrameHeader& header) = 0;
+  // A data payload is complete in the buffer chosen for it (posted or from
+  // on_data_header), including one whose posted receive was cancelled while
+  // it was being written.
+  virtual void on_data(const FrameHeader& header, std::span<std::byte> payload) = 0;
+  virtual void on_control(const wire::Control& message) = 0;
+  // Called once, after which the connection touches no buffer again.
+  virtual void on_closed(const Status& reason) = 0;
+};
+
+struct ConnectionOptions {
+  size_t max_data_bytes = 4u << 20;  // larger data frames are a protocol error
+  // An idle stream gets a heartbeat this often, so the peer can tell idle from dead.
+  std::chrono::milliseconds heartbeat_interval{1000};
+  // A stream that delivers nothing for this long while being read is dead.
+  std::chrono::milliseconds peer_timeout{10000};
+};
+
+class Connection {
+ public:
+  using SendDone = std::function<void(const Status&)>;
+  virtual ~Connection() = default;
+
+  virtual boost::asio::any_io_executor executor() = 0;
+  // Starts reading; the connection keeps `handler` until it closes.
+  virtual void start(std::shared_ptr<FrameHandler> handler) = 0;
+  // Queues a data frame; `payload` must stay valid until `done` runs (once,
+  // on the executor, with ok or the reason it was not sent). Non-blocking.
+  virtual void send(const FrameHeader& header, std::span<const std::byte> payload,
+                    SendDone done) = 0;
+  // Queues a control frame (the message is serialized immediately); `done`,
+  // if given, runs once it is written or dropped.
+  virtual void send_control(const wire::Control& message, SendDone done = nullptr) = 0;
+  // The payload of the data frame matching `key` goes to `dst`, which must
+  // stay valid until on_data for it, a successful cancel_receive or close.
+  virtual void post_receive(const ReceiveKey& key, std::span<std::byte> dst) = 0;
+  // Withdraws a posted receive. Returns false when its payload is being
+  // written right now: on_data will still come for it.
+  virtual bool cancel_receive(const ReceiveKey& key) = 0;
+  // Continues after on_data_header answered pause().
+  virtual void resume() = 0;
+  // Closes the stream; idempotent. Queued sends complete with `reason`,
+  // posted receives are dropped, on_closed(reason) runs once.
+  virtual void close(const Status& reason) = 0;
+  virtual bool is_open() const = 0;
+  // "host:port" of the peer, for messages.
+  virtual const std::string& peer() const = 0;
+};
+
+}  // namespace tally

@@ -1,0 +1,515 @@
+#include "tally/protocol/tcp_transport.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <array>
+#include <boost/asio/connect.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/read.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/write.hpp>
+#include <charconv>
+#include <deque>
+#include <unordered_map>
+#include <vector>
+
+#include "tally.pb.h"
+
+namespace tally {
+namespace {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+using Clock = std::chrono::steady_clock;
+
+// Payloads are read in pieces of at most this size so that a slow but live
+// peer keeps refreshing the liveness clock during a large chunk.
+constexpr size_t kReadPieceBytes = 1u << 20;
+// Discarded payloads are drained through a scratch buffer of this size.
+constexpr size_t kScratchBytes = 64u << 10;
+
+std::string endpoint_string(const tcp::endpoint& ep) {
+  const auto addr = ep.address();
+  std::string host = addr.is_v6() ? "[" + addr.to_string() + "]" : addr.to_string();
+  return host + ":" + std::to_string(ep.port());
+}
+
+Status from_asio(const boost::system::error_code& ec, std::string_view what,
+                 const std::string& peer) {
+  if (ec == asio::error::eof || ec == asio::error::connection_reset ||
+      ec == asio::error::broken_pipe) {
+    return Status(ErrorCode::kPeerLost, std::string(what) + " " + peer + ": connection closed by peer");
+  }
+  if (ec == asio::error::operation_aborted) {
+    return Status(ErrorCode::kCancelled, std::string(what) + " " + peer + ": cancelled");
+  }
+  return Status(ErrorCode::kPeerLost, std::string(what) + " " + peer + ": " + ec.message());
+}
+
+class TcpConnection final : public Connection, public std::enable_shared_from_this<TcpConnection> {
+ public:
+  TcpConnection(tcp::socket socket, const ConnectionOptions& options)
+      : socket_(std::move(socket)), options_(options), timer_(socket_.get_executor()) {
+    boost::system::error_code ec;
+    auto ep = socket_.remote_endpoint(ec);
+    peer_ = ec ? std::string("unknown-peer") : endpoint_string(ep);
+    socket_.set_option(tcp::no_delay(true), ec);
+    limits_.max_data_bytes = options_.max_data_bytes;
+  }
+
+  asio::any_io_executor executor() override { return socket_.get_executor(); }
+
+  void start(std::shared_ptr<FrameHandler> handler) override {
+    handler_ = std::move(handler);
+    last_rx_ = last_tx_ = Clock::now();
+    arm_timer();
+    read_header();
+  }
+
+  void send(const FrameHeader& header, std::span<const std::byte> payload,
+            SendDone done) override {
+    if (closed_) {
+      done(close_reason_);
+      return;
+    }
+    Outgoing out;
+    out.header = encode_header(header);
+    out.payload = payload;
+    out.done = std::move(done);
+    queue_.push_back(std::move(out));
+    if (!writing_) write_next();
+  }
+
+  void send_control(const wire::Control& message, SendDone done) override {
+    if (closed_) {
+      if (done) done(close_reason_);
+      return;
+    }
+    Outgoing out;
+    out.owned.resize(message.ByteSizeLong());
+    message.SerializeToArray(out.owned.data(), static_cast<int>(out.owned.size()));
+    FrameHeader h;
+    h.kind = FrameKind::kControl;
+    h.length = out.owned.size();
+    out.header = encode_header(h);
+    out.payload = {reinterpret_cast<const std::byte*>(out.owned.data()), out.owned.size()};
+    out.done = std::move(done);
+    queue_.push_back(std::move(out));
+    if (!writing_) write_next();
+  }
+
+  void post_receive(const ReceiveKey& key, std::span<std::byte> dst) override {
+    if (closed_) return;
+    posted_[key] = dst;
+  }
+
+  bool cancel_receive(const ReceiveKey& key) override {
+    if (reading_posted_ && active_key_ == key) {
+      active_cancelled_ = true;
+      return false;
+    }
+    posted_.erase(key);
+    return true;
+  }
+
+  void resume() override {
+    if (closed_ || !paused_) return;
+    paused_ = false;
+    last_rx_ = Clock::now();
+    dispatch_data_header();
+  }
+
+  void close(const Status& reason) override {
+    if (closed_) return;
+    closed_ = true;
+    close_reason_ = reason;
+    boost::system::error_code ec;
+    socket_.shutdown(tcp::socket::shutdown_both, ec);
+    socket_.close(ec);
+    timer_.cancel();
+    posted_.clear();
+    reading_posted_ = false;  // after close() nothing is written into any buffer
+    // The write in progress (if any) completes with operation_aborted; the
+    // queued ones never reached the socket.
+    size_t keep = writing_ ? 1 : 0;
+    while (queue_.size() > keep) {
+      Outgoing out = std::move(queue_.back());
+      queue_.pop_back();
+      if (out.done) out.done(reason);
+    }
+    auto handler = std::move(handler_);
+    if (handler) handler->on_closed(reason);
+  }
+
+  bool is_open() const override { return !closed_; }
+  const std::string& peer() const override { return peer_; }
+
+ private:
+  struct Outgoing {
+    EncodedHeader header;
+    std::vector<char> owned;  // control frames own their payload
+    std::span<const std::byte> payload;
+    SendDone done;
+  };
+
+  void fail(const Status& status) {
+    if (closed_) return;
+    close(status);
+  }
+
+  void read_header() {
+    if (closed_ || paused_) return;
+    asio::async_read(socket_, asio::buffer(header_bytes_),
+                     [self = shared_from_this()](const boost::system::error_code& ec, size_t) {
+                       self->on_header_read(ec);
+                     });
+  }
+
+  void on_header_read(const boost::system::error_code& ec) {
+    if (closed_) return;
+    if (ec) return fail(from_asio(ec, "reading from", peer_));
+    last_rx_ = Clock::now();
+    auto decoded = decode_header(std::span<const std::byte, kFrameHeaderBytes>(header_bytes_),
+                                 limits_);
+    if (!decoded) return fail(decoded.status().with_context("frame from " + peer_));
+    header_ = *decoded;
+    if (header_.kind == FrameKind::kControl) return read_control();
+    dispatch_data_header();
+  }
+
+  void read_control() {
+    control_bytes_.resize(header_.length);
+    asio::async_read(socket_, asio::buffer(control_bytes_),
+                     [self = shared_from_this()](const boost::system::error_code& ec, size_t) {
+                       self->on_control_read(ec);
+                     });
+  }
+
+  void on_control_read(const boost::system::error_code& ec) {
+    if (closed_) return;
+    if (ec) return fail(from_asio(ec, "reading from", peer_));
+    last_rx_ = Clock::now();
+    wire::Control message;
+    if (!message.ParseFromArray(control_bytes_.data(), static_cast<int>(control_bytes_.size())) ||
+        message.body_case() == wire::Control::BODY_NOT_SET) {
+      return fail(Status(ErrorCode::kProtocol, "malformed control message from " + peer_));
+    }
+    if (!message.has_heartbeat()) {
+      auto handler = handler_;  // the handler may close us
+      handler->on_control(message);
+    }
+    read_header();
+  }
+
+  void dispatch_data_header() {
+    ReceiveKey key{header_.kind, header_.op, header_.chunk};
+    auto it = posted_.find(key);
+    if (it != posted_.end()) {
+      if (it->second.size() != header_.length) {
+        return fail(Status(ErrorCode::kProtocol,
+                           describe(header_) + " from " + peer_ + " does not match the " +
+                               std::to_string(it->second.size()) + "-byte receive posted for it"));
+      }
+      dst_ = it->second;
+      posted_.erase(it);
+      reading_posted_ = true;
+      active_key_ = key;
+      active_cancelled_ = false;
+      discarding_ = false;
+      return read_payload(0);
+    }
+    auto handler = handler_;
+    PayloadAction action = handler->on_data_header(header_);
+    if (closed_) return;
+    reading_posted_ = false;
+    switch (action.kind) {
+      case PayloadAction::Kind::kReceive:
+        TALLY_CHECK_EQ(action.dst.size(), header_.length);
+        dst_ = action.dst;
+        discarding_ = false;
+        return read_payload(0);
+      case PayloadAction::Kind::kDiscard:
+        scratch_.resize(kScratchBytes);
+        discarding_ = true;
+        return read_payload(0);
+      case PayloadAction::Kind::kPause:
+        paused_ = true;
+        return;
+      case PayloadAction::Kind::kClose:
+        return fail(action.error);
+    }
+  }
+
+  void read_payload(size_t done) {
+    const size_t total = header_.length;
+    if (done == total) return on_payload_complete();
+    const size_t piece = std::min(total - done, discarding_ ? kScratchBytes : kReadPieceBytes);
+    asio::mutable_buffer buf = discarding_ ? asio::buffer(scratch_.data(), piece)
+                                           : asio::buffer(dst_.data() + done, piece);
+    asio::async_read(socket_, buf,
+                     [self = shared_from_this(), done, piece](const boost::system::error_code& ec,
+                                                              size_t) {
+                       if (self->closed_) return;
+                       if (ec) return self->fail(from_asio(ec, "reading from", self->peer_));
+                       self->last_rx_ = Clock::now();
+                       self->read_payload(done + piece);
+                     });
+  }
+
+  void on_payload_complete() {
+    reading_posted_ = false;
+    if (!discarding_) {
+      auto handler = handler_;
+      handler->on_data(header_, dst_);
+      if (closed_) return;
+    }
+    dst_ = {};
+    read_header();
+  }
+
+  void write_next() {
+    if (closed_ || queue_.empty()) return;
+    writing_ = true;
+    Outgoing& out = queue_.front();
+    std::array<asio::const_buffer, 2> bufs{asio::buffer(out.header),
+                                           asio::buffer(out.payload.data(), out.payload.size())};
+    asio::async_write(socket_, bufs,
+                      [self = shared_from_this()](const boost::system::error_code& ec, size_t) {
+                        self->on_write(ec);
+                      });
+  }
+
+  void on_write(const boost::system::error_code& ec) {
+    writing_ = false;
+    Outgoing out = std::move(queue_.front());
+    queue_.pop_front();
+    last_tx_ = Clock::now();
+    if (ec || closed_) {
+      Status why = closed_ ? close_reason_ : from_asio(ec, "writing to", peer_);
+      if (out.done) out.done(why);
+      fail(why);
+      return;
+    }
+    if (out.done) out.done(Status::ok());
+    write_next();
+  }
+
+  void arm_timer() {
+    timer_.expires_after(options_.heartbeat_interval);
+    timer_.async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
+      if (ec || self->closed_) return;
+      self->on_timer();
+    });
+  }
+
+  void on_timer() {
+    const auto now = Clock::now();
+    if (!paused_ && now - last_rx_ > options_.peer_timeout) {
+      auto silent = std::chrono::duration_cast<std::chrono::milliseconds>(now - last_rx_);
+      return fail(Status(ErrorCode::kPeerLost, "no data or heartbeat from " + peer_ + " for " +
+                                                   std::to_string(silent.count()) + " ms"));
+    }
+    if (!writing_ && now - last_tx_ >= options_.heartbeat_interval) {
+      wire::Control hb;
+      hb.mutable_heartbeat()->set_sequence(++heartbeat_seq_);
+      send_control(hb, nullptr);
+    }
+    arm_timer();
+  }
+
+  tcp::socket socket_;
+  ConnectionOptions options_;
+  FrameLimits limits_;
+  asio::steady_timer timer_;
+  std::string peer_;
+  std::shared_ptr<FrameHandler> handler_;
+
+  bool closed_ = false;
+  Status close_reason_;
+  bool paused_ = false;
+
+  // Read side: the frame being received.
+  std::array<std::byte, kFrameHeaderBytes> header_bytes_{};
+  FrameHeader header_;
+  std::vector<char> control_bytes_;
+  std::span<std::byte> dst_;
+  std::vector<std::byte> scratch_;
+  bool discarding_ = false;
+  bool reading_posted_ = false;
+  bool active_cancelled_ = false;
+  ReceiveKey active_key_;
+  std::unordered_map<ReceiveKey, std::span<std::byte>, ReceiveKeyHash> posted_;
+
+  // Write side.
+  std::deque<Outgoing> queue_;
+  bool writing_ = false;
+
+  Clock::time_point last_rx_;
+  Clock::time_point last_tx_;
+  uint64_t heartbeat_seq_ = 0;
+};
+
+}  // namespace
+
+std::shared_ptr<Connection> make_tcp_connection(tcp::socket socket,
+                                                const ConnectionOptions& options) {
+  return std::make_shared<TcpConnection>(std::move(socket), options);
+}
+
+std::string HostPort::to_string() const {
+  return host.find(':') != std::string::npos ? "[" + host + "]:" + std::to_string(port)
+                                             : host + ":" + std::to_string(port);
+}
+
+Result<HostPort> parse_host_port(std::string_view text) {
+  auto bad = [&](std::string_view why) {
+    return Status(ErrorCode::kInvalidArgument,
+                  "bad address '" + std::string(text) + "': " + std::string(why));
+  };
+  HostPort out;
+  std::string_view port_text;
+  if (!text.empty() && text.front() == '[') {
+    auto close = text.find(']');
+    if (close == std::string_view::npos || close + 1 >= text.size() || text[close + 1] != ':') {
+      return bad("expected [ipv6]:port");
+    }
+    out.host = std::string(text.substr(1, close - 1));
+    port_text = text.substr(close + 2);
+  } else {
+    auto colon = text.rfind(':');
+    if (colon == std::string_view::npos) return bad("expected host:port");
+    out.host = std::string(text.substr(0, colon));
+    port_text = text.substr(colon + 1);
+  }
+  if (out.host.empty()) return bad("empty host");
+  unsigned port = 0;
+  auto [ptr, ec] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
+  if (ec != std::errc() || ptr != port_text.data() + port_text.size() || port > 65535) {
+    return bad("port must be a number from 0 to 65535");
+  }
+  out.port = static_cast<uint16_t>(port);
+  return out;
+}
+
+void async_tcp_connect(asio::io_context& ctx, const HostPort& address,
+                       std::chrono::milliseconds timeout,
+                       std::function<void(Result<tcp::socket>)> done) {
+  struct State {
+    explicit State(asio::io_context& c) : resolver(c), socket(c), timer(c) {}
+    tcp::resolver resolver;
+    tcp::socket socket;
+    asio::steady_timer timer;
+    bool finished = false;
+    bool timed_out = false;
+    std::function<void(Result<tcp::socket>)> done;
+  };
+  auto st = std::make_shared<State>(ctx);
+  st->done = std::move(done);
+  const std::string name = address.to_string();
+  st->timer.expires_after(timeout);
+  st->timer.async_wait([st](const boost::system::error_code& ec) {
+    if (ec || st->finished) return;
+    st->timed_out = true;
+    st->resolver.cancel();
+    boost::system::error_code ignored;
+    st->socket.close(ignored);
+  });
+  auto finish = [st, name, timeout](Result<tcp::socket> r) {
+    if (st->finished) return;
+    st->finished = true;
+    st->timer.cancel();
+    if (!r && st->timed_out) {
+      r = Status(ErrorCode::kTimeout, "connecting to " + name + " took longer than " +
+                                          std::to_string(timeout.count()) + " ms");
+    }
+    st->done(std::move(r));
+  };
+  st->resolver.async_resolve(
+      address.host, std::to_string(address.port),
+      [st, finish, name](const boost::system::error_code& ec, tcp::resolver::results_type results) {
+        if (ec) {
+          return finish(Status(ErrorCode::kUnavailable, "resolving " + name + ": " + ec.message()));
+        }
+        asio::async_connect(st->socket, results,
+                            [st, finish, name](const boost::system::error_code& ec,
+                                               const tcp::endpoint&) {
+                              if (ec) {
+                                return finish(Status(ErrorCode::kUnavailable,
+                                                     "connecting to " + name + ": " + ec.message()));
+                              }
+                              finish(std::move(st->socket));
+                            });
+      });
+}
+
+struct TcpListener::Impl : std::enable_shared_from_this<TcpListener::Impl> {
+  Impl(std::vector<asio::io_context*> ctxs, AcceptFn fn)
+      : contexts(std::move(ctxs)), acceptor(*contexts.front()), on_accept(std::move(fn)) {}
+  std::vector<asio::io_context*> contexts;
+  tcp::acceptor acceptor;
+  AcceptFn on_accept;
+  size_t next = 0;
+
+  void accept() {
+    asio::io_context& target = *contexts[next++ % contexts.size()];
+    acceptor.async_accept(target, [self = shared_from_this()](const boost::system::error_code& ec,
+                                                              tcp::socket socket) {
+      if (ec == asio::error::operation_aborted || !self->acceptor.is_open()) return;
+      if (ec) {
+        spdlog::warn("accept failed: {}", ec.message());
+      } else {
+        self->on_accept(std::move(socket));
+      }
+      self->accept();
+    });
+  }
+};
+
+Result<std::unique_ptr<TcpListener>> TcpListener::listen(std::vector<asio::io_context*> contexts,
+                                                         const HostPort& address,
+                                                         AcceptFn on_accept) {
+  TALLY_CHECK(!contexts.empty());
+  auto impl = std::make_shared<Impl>(std::move(contexts), std::move(on_accept));
+  boost::system::error_code ec;
+  auto addr = asio::ip::make_address(address.host, ec);
+  if (ec) {
+    tcp::resolver resolver(*impl->contexts.front());
+    auto results = resolver.resolve(address.host, std::to_string(address.port), ec);
+    if (ec || results.empty()) {
+      return Status(ErrorCode::kUnavailable, "cannot resolve listen address " +
+                                                 address.to_string() + ": " + ec.message());
+    }
+    addr = results.begin()->endpoint().address();
+  }
+  tcp::endpoint ep(addr, address.port);
+  auto& acc = impl->acceptor;
+  acc.open(ep.protocol(), ec);
+  if (!ec) acc.set_option(tcp::acceptor::reuse_address(true), ec);
+  if (!ec) acc.bind(ep, ec);
+  if (!ec) acc.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) {
+    return Status(ErrorCode::kUnavailable,
+                  "cannot listen on " + address.to_string() + ": " + ec.message());
+  }
+  asio::post(*impl->contexts.front(), [impl] { impl->accept(); });
+  return std::unique_ptr<TcpListener>(new TcpListener(impl));
+}
+
+TcpListener::TcpListener(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+TcpListener::~TcpListener() { close(); }
+
+tcp::endpoint TcpListener::local_endpoint() const {
+  boost::system::error_code ec;
+  return impl_->acceptor.local_endpoint(ec);
+}
+
+void TcpListener::close() {
+  asio::post(impl_->acceptor.get_executor(), [impl = impl_] {
+    boost::system::error_code ec;
+    impl->acceptor.close(ec);
+  });
+}
+
+}  // namespace tally

@@ -1,0 +1,64 @@
+// tally-reducer: accepts worker streams of any job, sums their chunks and
+// streams the results back. One Reducer is one shard of a pool.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "tally/protocol/status.h"
+#include "tally/protocol/tcp_transport.h"
+
+namespace tally {
+
+struct ReducerOptions {
+  HostPort listen{"127.0.0.1", 7070};
+  uint32_t shard = 0;
+  uint32_t shard_count = 1;
+  size_t io_threads = 2;
+  // All chunk memory, mapped at start-up and never grown.
+  size_t memory_budget_bytes = 512u << 20;
+  // Largest chunk accepted; the size of each buffer in the pool.
+  size_t max_chunk_bytes = 4u << 20;
+  // Chunks a worker may have in flight per stream; each job reserves this
+  // many buffers plus two (job.h explains why that cannot deadlock).
+  uint32_t window_chunks = 8;
+  ConnectionOptions connection;
+  // Longest op timeout a worker may ask for.
+  std::chrono::milliseconds max_op_timeout{3600 * 1000};
+};
+
+struct ReducerStats {
+  uint64_t bytes_received = 0;
+  uint64_t bytes_sent = 0;
+  uint64_t chunks_finished = 0;
+  uint64_t ops_failed = 0;
+  size_t jobs = 0;
+  size_t connections = 0;
+};
+
+class Reducer {
+ public:
+  // Maps the buffer pool, binds, starts the I/O threads. Errors:
+  // kInvalidArgument (options), kUnavailable (bind), kResourceExhausted.
+  static Result<std::unique_ptr<Reducer>> start(const ReducerOptions& options);
+  ~Reducer();  // stops and joins
+
+  // The bound address (the real port when options.listen.port was 0).
+  HostPort address() const;
+  ReducerStats stats() const;
+  // Closes every stream and stops the threads; idempotent, thread-safe,
+  // does not block (join with wait()).
+  void stop();
+  void wait();
+
+  struct Impl;
+
+ private:
+  explicit Reducer(std::shared_ptr<Impl> impl);
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace tally

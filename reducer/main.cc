@@ -1,0 +1,91 @@
+// tally-reducer: one shard of a reduction server pool.
+#include <CLI/CLI.hpp>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+
+#include "tally/reducer/reducer.h"
+
+int main(int argc, char** argv) {
+  tally::ReducerOptions options;
+  std::string listen = "127.0.0.1:7070";
+  std::string log_level = "info";
+  std::string ready_file;
+  size_t memory_budget = options.memory_budget_bytes;
+  size_t max_chunk = options.max_chunk_bytes;
+  int64_t heartbeat_ms = options.connection.heartbeat_interval.count();
+  int64_t peer_timeout_ms = options.connection.peer_timeout.count();
+
+  CLI::App app{"tally-reducer: sums gradient chunks from training workers and streams the results back"};
+  app.add_option("--listen", listen, "address to listen on, host:port (port 0 picks one)")
+      ->envname("TALLY_LISTEN")->capture_default_str();
+  app.add_option("--shard", options.shard, "this reducer's shard index")
+      ->envname("TALLY_SHARD")->capture_default_str();
+  app.add_option("--shards", options.shard_count, "number of shards in the pool")
+      ->envname("TALLY_SHARDS")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--io-threads", options.io_threads, "I/O threads")
+      ->envname("TALLY_IO_THREADS")->capture_default_str()->check(CLI::Range(1, 256));
+  app.add_option("--memory-budget", memory_budget, "chunk memory, e.g. 512MiB")
+      ->envname("TALLY_MEMORY_BUDGET")->capture_default_str()->transform(CLI::AsSizeValue(true));
+  app.add_option("--max-chunk-bytes", max_chunk, "largest chunk accepted, e.g. 4MiB")
+      ->envname("TALLY_MAX_CHUNK_BYTES")->capture_default_str()->transform(CLI::AsSizeValue(true));
+  app.add_option("--window", options.window_chunks, "chunks a worker may have in flight per stream")
+      ->envname("TALLY_WINDOW")->capture_default_str()->check(CLI::Range(1, 4096));
+  app.add_option("--heartbeat-ms", heartbeat_ms, "heartbeat interval on idle streams")
+      ->envname("TALLY_HEARTBEAT_MS")->capture_default_str()->check(CLI::Range(10, 600000));
+  app.add_option("--peer-timeout-ms", peer_timeout_ms, "a stream silent this long is dead")
+      ->envname("TALLY_PEER_TIMEOUT_MS")->capture_default_str()->check(CLI::Range(100, 3600000));
+  app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
+      ->envname("TALLY_LOG_LEVEL")->capture_default_str();
+  app.add_option("--ready-file", ready_file,
+                 "write the bound host:port here once listening (for launchers)");
+  CLI11_PARSE(app, argc, argv);
+
+  auto logger = spdlog::stderr_color_mt("tally-reducer");
+  spdlog::set_default_logger(logger);
+  spdlog::set_level(spdlog::level::from_str(log_level));
+
+  auto address = tally::parse_host_port(listen);
+  if (!address) {
+    spdlog::error("{}", address.status().to_string());
+    return 2;
+  }
+  options.listen = *address;
+  options.memory_budget_bytes = memory_budget;
+  options.max_chunk_bytes = max_chunk;
+  options.connection.heartbeat_interval = std::chrono::milliseconds(heartbeat_ms);
+  options.connection.peer_timeout = std::chrono::milliseconds(peer_timeout_ms);
+  options.connection.max_data_bytes = max_chunk;
+
+  // Signals are taken synchronously by this thread; the I/O threads inherit
+  // the mask and never see them.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);
+
+  auto reducer = tally::Reducer::start(options);
+  if (!reducer) {
+    spdlog::error("cannot start: {}", reducer.status().to_string());
+    return 1;
+  }
+  if (!ready_file.empty()) {
+    const std::string tmp = ready_file + ".tmp";
+    std::ofstream(tmp) << (*reducer)->address().to_string() << "\n";
+    std::rename(tmp.c_str(), ready_file.c_str());  // readers never see a partial file
+  }
+  int sig = 0;
+  sigwait(&signals, &sig);
+  spdlog::info("received {}, shutting down", sig == SIGINT ? "SIGINT" : "SIGTERM");
+  auto stats = (*reducer)->stats();
+  (*reducer)->stop();
+  (*reducer)->wait();
+  spdlog::info("done: {} chunks summed, {} bytes in, {} bytes out, {} ops failed",
+               stats.chunks_finished, stats.bytes_received, stats.bytes_sent, stats.ops_failed);
+  return 0;
+}
