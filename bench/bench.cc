@@ -210,7 +210,7 @@ int main(int argc, char** argv) {
   app.add_option("-o,--op", sweep.redop, "sum or avg")->capture_default_str();
   app.add_option("-c,--check", sweep.check, "check results (1) or not (0)")->capture_default_str();
   app.add_option("--json", sweep.json_path, "also write the table as JSON here");
-  app.add_option("--pool", pool, "use this pool (host:port,... in shard order) instead of a local one")->envname("TALLY_POOL");
+  app.add_option("--pool", pool, "use this pool (host:port,... in shard order) instead of a local one");
   app.add_option("-r,--reducers", reducers, "reducers of the local pool")->capture_default_str()->check(CLI::Range(1, 256));
   app.add_option("-W,--workers", workers, "worker processes to start")->capture_default_str()->check(CLI::Range(1, 1024));
   app.add_option("--chunk-bytes", chunk_bytes, "chunk size")->transform(CLI::AsSizeValue(false))->capture_default_str();
@@ -235,9 +235,12 @@ int main(int argc, char** argv) {
   if (pool.empty()) {
     LocalPoolOptions lo;
     lo.shards = reducers;
+    const size_t max_chunk = std::max<size_t>(4u << 20, (chunk_bytes + 4095) / 4096 * 4096);
+    // Room for a few jobs' reservations (window + 2 buffers each) whatever the chunk size.
+    const size_t budget = std::max(memory_budget, 32 * max_chunk);
     lo.extra_args = {"--io-threads", std::to_string(io_threads), "--memory-budget",
-                     std::to_string(memory_budget), "--log-level", log_level,
-                     "--max-chunk-bytes", std::to_string(std::max<size_t>(4u << 20, (chunk_bytes + 4095) / 4096 * 4096))};
+                     std::to_string(budget), "--log-level", log_level,
+                     "--max-chunk-bytes", std::to_string(max_chunk)};
     auto started = LocalPool::start(lo);
     if (!started) {
       spdlog::error("cannot start the local pool: {}", started.status().to_string());

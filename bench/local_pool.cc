@@ -69,9 +69,15 @@ Result<std::unique_ptr<LocalPool>> LocalPool::start(const LocalPoolOptions& opti
   return pool;
 }
 
-LocalPool::~LocalPool() {
+std::vector<int> LocalPool::stop(std::chrono::milliseconds grace) {
   for (auto& p : processes_) p.signal(SIGTERM);
-  for (auto& p : processes_) p.terminate(std::chrono::milliseconds(5000));
+  std::vector<int> statuses;
+  for (auto& p : processes_) statuses.push_back(p.terminate(grace));
+  return statuses;
+}
+
+LocalPool::~LocalPool() {
+  stop();
   std::error_code ec;
   fs::remove_all(dir_, ec);
 }

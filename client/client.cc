@@ -88,6 +88,7 @@ struct Client::Impl {
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> guard;
   std::thread thread;
   std::vector<std::shared_ptr<ShardLink>> links;
+  std::mutex start_mu;
   std::atomic<uint64_t> next_op{0};
 
   // I/O thread only.
@@ -95,6 +96,7 @@ struct Client::Impl {
   std::map<uint64_t, Status> early_errors;
   uint64_t started_below = 0;  // ops with smaller ids have been started
   std::optional<Status> broken;
+  std::optional<Status> last_failure;  // of the latest failed op
 
   void start_op(const std::shared_ptr<Op>& op);
   void fail_op(const std::shared_ptr<Op>& op, const Status& status);
@@ -133,10 +135,10 @@ class ShardLink final : public FrameHandler, public std::enable_shared_from_this
 
   // Says goodbye, then closes once that is written (or at once if the
   // stream is stuck: close() drops what is queued).
-  void leave(std::function<void()> done) {
+  void leave(const std::string& reason, std::function<void()> done) {
     if (!conn_ || closed_) return done();
     wire::Control bye;
-    bye.mutable_goodbye()->set_reason("client closed");
+    bye.mutable_goodbye()->set_reason(reason);
     conn_->send_control(bye, [conn = conn_, done](const Status&) {
       conn->close(Status(ErrorCode::kCancelled, "client closed"));
       done();
@@ -233,6 +235,10 @@ class ShardLink final : public FrameHandler, public std::enable_shared_from_this
       bad = Status(ErrorCode::kInvalidArgument,
                    "chunk size " + std::to_string(client_.options.chunk_bytes) + " exceeds " + who +
                        "'s maximum of " + std::to_string(w.max_chunk_bytes()));
+    } else if (w.protocol_version() != kProtocolVersion) {
+      bad = Status(ErrorCode::kVersionMismatch,
+                   who + " speaks protocol version " + std::to_string(w.protocol_version()) +
+                       ", this client speaks " + std::to_string(kProtocolVersion));
     } else if (w.window_chunks() == 0) {
       bad = Status(ErrorCode::kProtocol, who + " offers a window of 0 chunks");
     }
@@ -305,9 +311,10 @@ void Client::Impl::pump(ShardLink& link) {
     link.inflight++;
     op->sending_on[link.shard()]++;
     const uint32_t shard = link.shard();
-    link.conn()->send(h, {op->data + e.offset, e.length}, [this, op, shard](const Status& s) {
+    // A failed send always closes the stream, and on_closed fails the op
+    // with the reducer named; here only the buffer is released.
+    link.conn()->send(h, {op->data + e.offset, e.length}, [this, op, shard](const Status&) {
       op->sending_on[shard]--;
-      if (!s.is_ok()) fail_op(op, s);
       maybe_finish(op);
     });
   }
@@ -403,6 +410,7 @@ void Client::Impl::maybe_finish(const std::shared_ptr<Op>& op) {
   }
   if (!op->failed && op->results != (op->plan ? op->plan->chunk_count() : 0)) return;
   op->done = true;
+  if (op->failed) last_failure = op->failure;
   if (op->deadline) op->deadline->cancel();
   if (op->drain) op->drain->cancel();
   ops.erase(op->id);
@@ -545,8 +553,11 @@ Client::~Client() {
   std::promise<void> left;
   asio::post(impl_->io, [im = impl_.get(), &left] {
     auto remaining = std::make_shared<size_t>(im->links.size());
+    // Other ranks quote this, so a failure seen here explains why we left.
+    const std::string reason = im->last_failure ? "closed after: " + im->last_failure->to_string()
+                                                : "client closed";
     for (auto& link : im->links) {
-      link->leave([remaining, &left] {
+      link->leave(reason, [remaining, &left] {
         if (--*remaining == 0) left.set_value();
       });
     }
@@ -566,7 +577,6 @@ Client::~Client() {
 
 Status Client::allreduce(void* data, size_t count, DType dtype, RedOp redop) {
   auto op = std::make_shared<Op>();
-  op->id = impl_->next_op.fetch_add(1);
   const size_t esize = dtype_size(dtype);
   if (esize == 0) return Status(ErrorCode::kInvalidArgument, "unknown dtype");
   if (redop != RedOp::kSum && redop != RedOp::kAverage) {
@@ -575,7 +585,10 @@ Status Client::allreduce(void* data, size_t count, DType dtype, RedOp redop) {
   if (count > std::numeric_limits<uint64_t>::max() / esize) {
     return Status(ErrorCode::kInvalidArgument, "element count overflows");
   }
-  if (count == 0) return Status::ok();  // nothing to sum; the op number is used all the same
+  if (count == 0) {
+    impl_->next_op.fetch_add(1);  // nothing to sum; the op number is used all the same
+    return Status::ok();
+  }
   if (data == nullptr) return Status(ErrorCode::kInvalidArgument, "null buffer");
   if (reinterpret_cast<uintptr_t>(data) % esize != 0) {
     return Status(ErrorCode::kInvalidArgument, "buffer is not aligned to its element size");
@@ -589,7 +602,13 @@ Status Client::allreduce(void* data, size_t count, DType dtype, RedOp redop) {
   if (op->plan->chunk_count() > std::numeric_limits<uint32_t>::max()) {
     return Status(ErrorCode::kInvalidArgument, "tensor has more than 2^32 chunks; raise the chunk size");
   }
-  asio::post(impl_->io, [im = impl_.get(), op] { im->start_op(op); });
+  {
+    // Ids are taken and ops posted under one lock, so the I/O thread starts
+    // ops in id order even when several threads call allreduce.
+    std::lock_guard order(impl_->start_mu);
+    op->id = impl_->next_op.fetch_add(1);
+    asio::post(impl_->io, [im = impl_.get(), op] { im->start_op(op); });
+  }
   std::unique_lock lock(op->mu);
   // The I/O thread finishes every op by its backstop plus the drain grace;
   // waiting much longer means a bug in tally, not a slow peer.

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "tally.pb.h"
+#include "tally/protocol/control.h"
 
 namespace tally {
 namespace {
@@ -105,10 +106,7 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
   }
 
   bool cancel_receive(const ReceiveKey& key) override {
-    if (reading_posted_ && active_key_ == key) {
-      active_cancelled_ = true;
-      return false;
-    }
+    if (reading_posted_ && active_key_ == key) return false;
     posted_.erase(key);
     return true;
   }
@@ -172,7 +170,17 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
     last_rx_ = Clock::now();
     auto decoded = decode_header(std::span<const std::byte, kFrameHeaderBytes>(header_bytes_),
                                  limits_);
-    if (!decoded) return fail(decoded.status().with_context("frame from " + peer_));
+    if (!decoded) {
+      Status why = decoded.status().with_context("frame from " + peer_);
+      if (why.code() == ErrorCode::kVersionMismatch) {
+        // Tell the peer in our framing (it may understand it), then close.
+        paused_ = true;  // read no further
+        return send_control(make_error(why), [self = shared_from_this(), why](const Status&) {
+          self->fail(why);
+        });
+      }
+      return fail(why);
+    }
     header_ = *decoded;
     if (header_.kind == FrameKind::kControl) return read_control();
     dispatch_data_header();
@@ -215,7 +223,6 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
       posted_.erase(it);
       reading_posted_ = true;
       active_key_ = key;
-      active_cancelled_ = false;
       discarding_ = false;
       return read_payload(0);
     }
@@ -337,7 +344,6 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
   std::vector<std::byte> scratch_;
   bool discarding_ = false;
   bool reading_posted_ = false;
-  bool active_cancelled_ = false;
   ReceiveKey active_key_;
   std::unordered_map<ReceiveKey, std::span<std::byte>, ReceiveKeyHash> posted_;
 

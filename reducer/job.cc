@@ -71,23 +71,40 @@ Status Job::join(const std::shared_ptr<JobMember>& member) {
                                                  members_[rank]->peer());
   }
   members_[rank] = member;
+  departed_.erase(rank);
   return Status::ok();
 }
 
-bool Job::leave(const JobMember* member, const Status& why) {
+bool Job::leave(const JobMember* member, const Status& why, bool goodbye) {
   std::lock_guard lock(mu_);
   const uint32_t rank = member->rank();
-  if (rank >= members_.size() || members_[rank].get() != member) {
+  auto none_left = [&] {
     return std::none_of(members_.begin(), members_.end(), [](auto& m) { return m != nullptr; });
-  }
+  };
+  if (rank >= members_.size() || members_[rank].get() != member) return none_left();
   members_[rank] = nullptr;
-  const Status lost(ErrorCode::kPeerLost, "rank " + std::to_string(rank) + " (" + member->peer() +
-                                              ") left job '" + name() + "': " + why.message());
-  if (!lost_) lost_ = lost;
   std::set<uint64_t> ops;
+  if (goodbye) {
+    departed_[rank] = why.message();
+    for (auto& [key, chunk] : chunks_) {
+      std::lock_guard chunk_lock(chunk->mu);
+      if (!chunk->seen[rank]) ops.insert(key.first);
+    }
+    const Status gone(ErrorCode::kPeerLost, "rank " + std::to_string(rank) + " (" + member->peer() +
+                                                ") left job '" + name() +
+                                                "' before contributing (it said: " + why.message() + ")");
+    for (uint64_t op : ops) fail_op_locked(op, gone, {rank});
+    return none_left();
+  }
+  const Status lost(ErrorCode::kPeerLost, "rank " + std::to_string(rank) + " (" + member->peer() +
+                                              ") of job '" + name() + "' was lost: " + why.message());
+  if (!lost_) {
+    lost_ = lost;
+    lost_rank_ = rank;
+  }
   for (auto& [key, chunk] : chunks_) ops.insert(key.first);
   for (uint64_t op : ops) fail_op_locked(op, lost, {rank});
-  return std::none_of(members_.begin(), members_.end(), [](auto& m) { return m != nullptr; });
+  return none_left();
 }
 
 std::vector<std::shared_ptr<JobMember>> Job::members_locked() const {
@@ -99,7 +116,9 @@ std::vector<std::shared_ptr<JobMember>> Job::members_locked() const {
 }
 
 void Job::fail_op_locked(uint64_t op, const Status& status, const std::vector<uint32_t>& ranks) {
-  if (!failed_ops_.insert(op).second) return;
+  if (failed_ops_.count(op)) return;
+  auto message = std::make_shared<const wire::Control>(make_error(status, op, ranks));
+  failed_ops_.emplace(op, message);
   failed_order_.push_back(op);
   if (failed_order_.size() > kFailedOpsRemembered) {
     failed_ops_.erase(failed_order_.front());
@@ -117,16 +136,19 @@ void Job::fail_op_locked(uint64_t op, const Status& status, const std::vector<ui
   chunks_.erase(first, last);
   straggler_logged_.erase(op);
   spdlog::warn("job '{}' shard {} op {} failed: {}", name(), settings_.shard, op, status.to_string());
-  auto message = std::make_shared<const wire::Control>(make_error(status, op, ranks));
   for (auto& m : members_locked()) m->send_control(message);
 }
 
 PayloadAction Job::on_contribution_header(const std::shared_ptr<JobMember>& member,
                                           const FrameHeader& h, PendingContribution& pending) {
   std::unique_lock lock(mu_);
-  if (failed_ops_.count(h.op)) return PayloadAction::discard();
+  if (auto failed = failed_ops_.find(h.op); failed != failed_ops_.end()) {
+    // This member may have joined after the failure was announced.
+    member->send_control(failed->second);
+    return PayloadAction::discard();
+  }
   if (lost_) {
-    fail_op_locked(h.op, *lost_, {});
+    fail_op_locked(h.op, *lost_, {lost_rank_});
     return PayloadAction::discard();
   }
   if (!kernel_supports(h.dtype)) {
@@ -162,7 +184,20 @@ PayloadAction Job::on_contribution_header(const std::shared_ptr<JobMember>& memb
                    {m.rank, h.rank});
     return PayloadAction::discard();
   }
-  std::lock_guard chunk_lock(chunk->mu);
+  std::unique_lock chunk_lock(chunk->mu);
+  // Checked after agreement, so a mismatch is reported as such even when a
+  // rank that saw it has already left.
+  for (auto& [gone, reason] : departed_) {
+    if (chunk->seen[gone]) continue;
+    chunk_lock.unlock();
+    fail_op_locked(h.op,
+                   Status(ErrorCode::kPeerLost, "rank " + std::to_string(gone) + " has left job '" +
+                                                    name() + "' (it said: " + reason + "); op " +
+                                                    std::to_string(h.op) +
+                                                    " cannot complete without it"),
+                   {gone});
+    return PayloadAction::discard();
+  }
   if (chunk->seen[h.rank]) {
     return PayloadAction::close(Status(
         ErrorCode::kProtocol, "rank " + std::to_string(h.rank) + " contributed twice to op " +
@@ -233,6 +268,22 @@ void Job::finish(const std::shared_ptr<ChunkState>& chunk) {
   for (auto& m : members) m->send_result(out, result);
 }
 
+std::string Job::history_of(const std::vector<uint32_t>& ranks) const {
+  std::string out;
+  for (uint32_t r : ranks) {
+    auto it = settings_.history.find(r);
+    if (it != settings_.history.end()) out += " (rank " + std::to_string(r) + " left earlier: " + it->second + ")";
+  }
+  return out;
+}
+
+std::map<uint32_t, std::string> Job::departures() const {
+  std::lock_guard lock(mu_);
+  std::map<uint32_t, std::string> out = departed_;
+  if (lost_) out[lost_rank_] = lost_->message();
+  return out;
+}
+
 void Job::sweep(Clock::time_point now) {
   std::lock_guard lock(mu_);
   std::map<uint64_t, std::vector<uint32_t>> missing;  // op -> ranks, for timed-out ops
@@ -267,7 +318,7 @@ void Job::sweep(Clock::time_point now) {
                           "op " + std::to_string(op) + " of job '" + name() + "' timed out after " +
                               std::to_string(settings_.op_timeout.count()) + " ms on shard " +
                               std::to_string(settings_.shard) + " waiting for ranks [" +
-                              ranks_string(ranks) + "]"),
+                              ranks_string(ranks) + "]" + history_of(ranks)),
                    ranks);
   }
 }

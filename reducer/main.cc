@@ -29,9 +29,9 @@ int main(int argc, char** argv) {
   app.add_option("--io-threads", options.io_threads, "I/O threads")
       ->envname("TALLY_IO_THREADS")->capture_default_str()->check(CLI::Range(1, 256));
   app.add_option("--memory-budget", memory_budget, "chunk memory, e.g. 512MiB")
-      ->envname("TALLY_MEMORY_BUDGET")->capture_default_str()->transform(CLI::AsSizeValue(true));
+      ->envname("TALLY_MEMORY_BUDGET")->capture_default_str()->transform(CLI::AsSizeValue(false));
   app.add_option("--max-chunk-bytes", max_chunk, "largest chunk accepted, e.g. 4MiB")
-      ->envname("TALLY_MAX_CHUNK_BYTES")->capture_default_str()->transform(CLI::AsSizeValue(true));
+      ->envname("TALLY_MAX_CHUNK_BYTES")->capture_default_str()->transform(CLI::AsSizeValue(false));
   app.add_option("--window", options.window_chunks, "chunks a worker may have in flight per stream")
       ->envname("TALLY_WINDOW")->capture_default_str()->check(CLI::Range(1, 4096));
   app.add_option("--heartbeat-ms", heartbeat_ms, "heartbeat interval on idle streams")

@@ -7,6 +7,7 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
@@ -20,8 +21,16 @@
 namespace tally {
 namespace asio = boost::asio;
 
+// How long a stopping reducer waits for its streams to take their last error.
+constexpr std::chrono::milliseconds kShutdownGrace{1000};
+// Ended jobs whose ranks left with an error are remembered this long, and
+// at most this many, to explain a late worker's timeout.
+constexpr std::chrono::minutes kTombstoneLife{10};
+constexpr size_t kTombstonesKept = 256;
 // How often jobs are checked for timed-out ops.
 constexpr std::chrono::milliseconds kSweepInterval{100};
+// A goodbye's reason is quoted in other ranks' errors; keep it readable.
+constexpr size_t kMaxReasonBytes = 1024;
 // Job names are identifiers, not payloads.
 constexpr size_t kMaxJobNameBytes = 256;
 // Slabs a job holds beyond its window: one for a staging read, one for a
@@ -43,6 +52,12 @@ struct Reducer::Impl : std::enable_shared_from_this<Reducer::Impl> {
 
   std::mutex mu;  // jobs and sessions; taken on connect and disconnect only
   std::unordered_map<std::string, std::shared_ptr<Job>> jobs;
+  // Why the ranks of recently ended jobs left, by job name (bounded).
+  struct Tombstone {
+    std::chrono::steady_clock::time_point ended;
+    std::map<uint32_t, std::string> departures;
+  };
+  std::map<std::string, Tombstone> tombstones;
   std::unordered_set<std::shared_ptr<WorkerSession>> sessions;
   bool stopping = false;
 
@@ -50,9 +65,10 @@ struct Reducer::Impl : std::enable_shared_from_this<Reducer::Impl> {
   Result<std::shared_ptr<Job>> admit(const wire::Hello& hello,
                                      const std::shared_ptr<WorkerSession>& session);
   void remove(const std::shared_ptr<WorkerSession>& session, const std::shared_ptr<Job>& job,
-              const Status& why);
+              const Status& why, bool goodbye);
   void arm_sweep();
   void stop();
+  void join();
 };
 
 // One worker stream: handshake, then contributions in and results out.
@@ -64,8 +80,12 @@ class WorkerSession final : public FrameHandler,
       : reducer_(std::move(reducer)), conn_(std::move(conn)), peer_(conn_->peer()) {}
 
   void start() { conn_->start(shared_from_this()); }
+  // Tells the worker why, then closes once that is written.
   void close(const Status& why) {
-    asio::post(conn_->executor(), [self = shared_from_this(), why] { self->conn_->close(why); });
+    asio::post(conn_->executor(), [self = shared_from_this(), why] {
+      self->conn_->send_control(make_error(why),
+                                [conn = self->conn_, why](const Status&) { conn->close(why); });
+    });
   }
 
   // JobMember
@@ -102,7 +122,21 @@ class WorkerSession final : public FrameHandler,
                                     " rank " + std::to_string(h.rank) + ", but the stream is job '" +
                                     job_->name() + "' rank " + std::to_string(rank_)));
     }
-    return job_->on_contribution_header(shared_from_this(), h, pending_);
+    // A worker sends its chunks in (op, chunk) order on each stream, so a
+    // repeat or a step back is a duplicate, never a retry of a live chunk.
+    const std::pair<uint64_t, uint32_t> key{h.op, h.chunk};
+    if (last_key_ && key <= *last_key_) {
+      return PayloadAction::close(Status(
+          ErrorCode::kProtocol, "rank " + std::to_string(rank_) + " sent op " + std::to_string(h.op) +
+                                    " chunk " + std::to_string(h.chunk) + " after op " +
+                                    std::to_string(last_key_->first) + " chunk " +
+                                    std::to_string(last_key_->second) + ": duplicate or out of order"));
+    }
+    PayloadAction action = job_->on_contribution_header(shared_from_this(), h, pending_);
+    if (action.kind == PayloadAction::Kind::kReceive || action.kind == PayloadAction::Kind::kDiscard) {
+      last_key_ = key;
+    }
+    return action;
   }
 
   void on_data(const FrameHeader& h, std::span<std::byte>) override {
@@ -113,6 +147,7 @@ class WorkerSession final : public FrameHandler,
     if (message.has_hello()) return on_hello(message.hello());
     if (message.has_goodbye()) {
       said_goodbye_ = true;
+      goodbye_reason_ = message.goodbye().reason().substr(0, kMaxReasonBytes);
       return;
     }
     if (message.has_error()) {
@@ -135,7 +170,9 @@ class WorkerSession final : public FrameHandler,
     } else if (why.code() != ErrorCode::kCancelled) {
       spdlog::warn("connection from {} closed before joining a job: {}", peer_, why.to_string());
     }
-    reducer_->remove(shared_from_this(), job_, why);
+    reducer_->remove(shared_from_this(), job_,
+                     said_goodbye_ ? Status(ErrorCode::kCancelled, goodbye_reason_) : why,
+                     said_goodbye_);
   }
 
  private:
@@ -176,6 +213,8 @@ class WorkerSession final : public FrameHandler,
   std::shared_ptr<Job> job_;
   uint32_t rank_ = 0;
   bool said_goodbye_ = false;
+  std::string goodbye_reason_;
+  std::optional<std::pair<uint64_t, uint32_t>> last_key_;  // last contribution accepted
   PendingContribution pending_;
 };
 
@@ -226,6 +265,12 @@ Result<std::shared_ptr<Job>> Reducer::Impl::admit(const wire::Hello& hello,
       settings.world_size = hello.world_size();
       settings.shard = options.shard;
       settings.op_timeout = timeout;
+      if (auto t = tombstones.find(hello.job()); t != tombstones.end()) {
+        if (std::chrono::steady_clock::now() - t->second.ended < kTombstoneLife) {
+          settings.history = t->second.departures;
+        }
+        tombstones.erase(t);
+      }
       job = std::make_shared<Job>(std::move(settings), std::move(*quota), counters);
       jobs.emplace(hello.job(), job);
     }
@@ -235,14 +280,20 @@ Result<std::shared_ptr<Job>> Reducer::Impl::admit(const wire::Hello& hello,
 }
 
 void Reducer::Impl::remove(const std::shared_ptr<WorkerSession>& session,
-                           const std::shared_ptr<Job>& job, const Status& why) {
-  bool empty = job && job->leave(session.get(), why);
+                           const std::shared_ptr<Job>& job, const Status& why, bool goodbye) {
+  bool empty = job && job->leave(session.get(), why, goodbye);
   std::lock_guard lock(mu);
   sessions.erase(session);
   if (empty) {
     auto it = jobs.find(job->name());
     if (it != jobs.end() && it->second == job) {
       jobs.erase(it);
+      auto departures = job->departures();
+      std::erase_if(departures, [](auto& d) { return d.second == "client closed"; });
+      if (!departures.empty()) {
+        if (tombstones.size() >= kTombstonesKept) tombstones.erase(tombstones.begin());
+        tombstones[job->name()] = {std::chrono::steady_clock::now(), std::move(departures)};
+      }
       spdlog::info("job '{}' has no workers left on shard {}", job->name(), options.shard);
     }
   }
@@ -275,10 +326,28 @@ void Reducer::Impl::stop() {
   spdlog::info("shard {} stopping: closing {} streams", options.shard, to_close.size());
   if (listener) listener->close();
   asio::post(*contexts.front(), [self = shared_from_this()] { self->sweep_timer->cancel(); });
-  for (auto& s : to_close) s->close(Status(ErrorCode::kCancelled, "reducer shutting down"));
-  // Posted after the closes, so each context runs them first, then returns.
-  for (auto& c : contexts) asio::post(*c, [ctx = c.get()] { ctx->stop(); });
+  for (auto& s : to_close) {
+    s->close(Status(ErrorCode::kUnavailable, "reducer shard " + std::to_string(options.shard) +
+                                                 " is shutting down"));
+  }
   for (auto& g : guards) g.reset();
+}
+
+void Reducer::Impl::join() {
+  // Streams close once their error is written; a worker that does not read
+  // gets its stream cut when the grace runs out.
+  const auto deadline = std::chrono::steady_clock::now() + kShutdownGrace;
+  while (std::chrono::steady_clock::now() < deadline) {
+    {
+      std::lock_guard lock(mu);
+      if (sessions.empty()) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  for (auto& c : contexts) c->stop();
+  for (auto& t : threads) {
+    if (t.joinable()) t.join();
+  }
 }
 
 Result<std::unique_ptr<Reducer>> Reducer::start(const ReducerOptions& options) {
@@ -353,10 +422,6 @@ ReducerStats Reducer::stats() const {
 
 void Reducer::stop() { impl_->stop(); }
 
-void Reducer::wait() {
-  for (auto& t : impl_->threads) {
-    if (t.joinable()) t.join();
-  }
-}
+void Reducer::wait() { impl_->join(); }
 
 }  // namespace tally

@@ -1,0 +1,423 @@
+// Failures through real processes: a killed worker, a killed reducer, a
+// straggler, mismatched contributions, hostile bytes, refused joins. Each
+// asserts the error the survivors see and how long they took to see it.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <boost/asio/connect.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/read.hpp>
+#include <boost/asio/write.hpp>
+#include <chrono>
+#include <filesystem>
+#include <thread>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "harness.h"
+#include "tally.pb.h"
+#include "tally/protocol/frame.h"
+#include "tally/protocol/tcp_transport.h"
+
+namespace tally::testing {
+namespace {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+using namespace std::chrono_literals;
+
+bool contains(const std::string& s, const std::string& what) { return s.find(what) != std::string::npos; }
+
+// Milliseconds printed by tally-test-worker in "error after N ms ...".
+long long error_ms(const std::string& out) {
+  auto at = out.find("error after ");
+  if (at == std::string::npos) return -1;
+  return std::stoll(out.substr(at + 12));
+}
+
+// A raw TCP peer speaking (or not speaking) the protocol to a reducer.
+class RawPeer {
+ public:
+  explicit RawPeer(const std::string& address) : socket_(io_) {
+    auto hp = parse_host_port(address);
+    tcp::resolver resolver(io_);
+    asio::connect(socket_, resolver.resolve(hp->host, std::to_string(hp->port)));
+  }
+  void send(const void* data, size_t n) { asio::write(socket_, asio::buffer(data, n)); }
+  void send_frame(const FrameHeader& h, const std::string& payload) {
+    auto bytes = encode_header(h);
+    send(bytes.data(), bytes.size());
+    if (!payload.empty()) send(payload.data(), payload.size());
+  }
+  void send_control(const wire::Control& message) {
+    std::string payload = message.SerializeAsString();
+    FrameHeader h;
+    h.kind = FrameKind::kControl;
+    h.length = payload.size();
+    send_frame(h, payload);
+  }
+  // Reads until the reducer closes the stream or `timeout` passes; returns
+  // whether it closed, and what it sent in `received`.
+  bool closed_within(std::chrono::milliseconds timeout, std::string* received = nullptr) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    socket_.non_blocking(true);
+    char buf[4096];
+    while (std::chrono::steady_clock::now() < deadline) {
+      boost::system::error_code ec;
+      size_t n = socket_.read_some(asio::buffer(buf), ec);
+      if (ec == asio::error::would_block) {
+        std::this_thread::sleep_for(5ms);
+        continue;
+      }
+      if (ec) return true;  // eof or reset
+      if (received) received->append(buf, n);
+    }
+    return false;
+  }
+
+ private:
+  asio::io_context io_;
+  tcp::socket socket_;
+};
+
+wire::Control hello(const std::string& job, uint32_t rank, uint32_t world, uint32_t version = kProtocolVersion) {
+  wire::Control m;
+  auto* h = m.mutable_hello();
+  h->set_protocol_version(version);
+  h->set_job(job);
+  h->set_rank(rank);
+  h->set_world_size(world);
+  h->set_op_timeout_ms(5000);
+  return m;
+}
+
+// Runs a normal all-reduce of W workers and expects success.
+void expect_allreduce_works(TestCluster& cluster, uint32_t workers, const std::string& tag) {
+  const std::string job = unique_job(tag);
+  std::vector<bench::Process> procs;
+  for (uint32_t r = 0; r < workers; ++r) {
+    procs.push_back(cluster.spawn_worker(tag + std::to_string(r), {"--count", "1009", "--ops", "3"},
+                                         cluster.worker_env(job, r, workers)));
+  }
+  for (uint32_t r = 0; r < workers; ++r) {
+    auto out = wait_worker(procs[r], cluster, tag + std::to_string(r), 30s);
+    EXPECT_EQ(out.exit_code, 0) << out.out;
+  }
+}
+
+TEST(Fault, KilledWorkerFailsTheOthersWithinTheDeadline) {
+  PoolSpec spec;
+  spec.shards = 2;
+  TestCluster cluster(spec);
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  const std::string job = unique_job("kill");
+  const uint32_t world = 3;
+  const auto op_timeout = 4000ms;
+  std::vector<bench::Process> procs;
+  for (uint32_t r = 0; r < world; ++r) {
+    auto env = cluster.worker_env(job, r, world);
+    env["TALLY_OP_TIMEOUT_MS"] = std::to_string(op_timeout.count());
+    procs.push_back(cluster.spawn_worker("w" + std::to_string(r), {"--count", "9477", "--ops", "200000"}, env));
+  }
+  ASSERT_TRUE(eventually([&] { return contains(cluster.worker_stdout("w1"), "op 20 ok"); }, 30s))
+      << cluster.worker_stdout("w1");
+  procs[1].signal(SIGKILL);
+  const auto killed = std::chrono::steady_clock::now();
+  for (uint32_t r : {0u, 2u}) {
+    auto out = wait_worker(procs[r], cluster, "w" + std::to_string(r), 2 * op_timeout);
+    const auto took = std::chrono::steady_clock::now() - killed;
+    EXPECT_EQ(out.exit_code, 3) << out.out;
+    EXPECT_TRUE(contains(out.out, "rank 1")) << out.out;
+    EXPECT_LT(took, 2 * op_timeout) << out.out;
+  }
+  EXPECT_EQ(procs[1].wait_for(1s).value_or(-1), 128 + SIGKILL);
+  // The pool survives and serves a new job.
+  for (uint32_t s = 0; s < 2; ++s) EXPECT_FALSE(cluster.reducer(s).wait_for(0ms).has_value());
+  expect_allreduce_works(cluster, 2, "after-kill");
+}
+
+TEST(Fault, KilledReducerFailsEveryWorker) {
+  PoolSpec spec;
+  spec.shards = 2;
+  TestCluster cluster(spec);
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  const std::string job = unique_job("reducer-kill");
+  std::vector<bench::Process> procs;
+  for (uint32_t r = 0; r < 2; ++r) {
+    procs.push_back(cluster.spawn_worker("w" + std::to_string(r), {"--count", "9477", "--ops", "200000"},
+                                         cluster.worker_env(job, r, 2)));
+  }
+  ASSERT_TRUE(eventually([&] { return contains(cluster.worker_stdout("w0"), "op 20 ok"); }, 30s));
+  cluster.kill_reducer(1, SIGKILL);
+  for (uint32_t r = 0; r < 2; ++r) {
+    auto out = wait_worker(procs[r], cluster, "w" + std::to_string(r), 10s);
+    EXPECT_EQ(out.exit_code, 3) << out.out;
+    EXPECT_TRUE(contains(out.out, "lost reducer")) << out.out;
+    EXPECT_TRUE(contains(out.out, "shard 1")) << out.out;
+  }
+}
+
+TEST(Fault, StragglerTimesOutNamingTheRank) {
+  TestCluster cluster(PoolSpec{});
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  const std::string job = unique_job("straggler");
+  const auto op_timeout = 1000ms;
+  std::vector<bench::Process> procs;
+  for (uint32_t r = 0; r < 2; ++r) {
+    auto env = cluster.worker_env(job, r, 2);
+    env["TALLY_OP_TIMEOUT_MS"] = std::to_string(op_timeout.count());
+    std::vector<std::string> args{"--count", "1009", "--ops", "2"};
+    if (r == 1) args.insert(args.end(), {"--stall-ms", "4000"});
+    procs.push_back(cluster.spawn_worker("w" + std::to_string(r), args, env));
+  }
+  auto out0 = wait_worker(procs[0], cluster, "w0", 10s);
+  EXPECT_EQ(out0.exit_code, 3) << out0.out;
+  EXPECT_TRUE(contains(out0.out, "timeout")) << out0.out;
+  EXPECT_TRUE(contains(out0.out, "waiting for ranks [1]")) << out0.out;
+  EXPECT_GE(error_ms(out0.out), op_timeout.count() - 100) << out0.out;
+  EXPECT_LT(error_ms(out0.out), 2 * op_timeout.count()) << out0.out;
+  // The straggler's late op is refused, not summed with nothing.
+  auto out1 = wait_worker(procs[1], cluster, "w1", 15s);
+  EXPECT_EQ(out1.exit_code, 3) << out1.out;
+  EXPECT_TRUE(contains(cluster.reducer_log(0), "still waiting for ranks [1]")) << cluster.reducer_log(0);
+}
+
+TEST(Fault, MismatchedSizesFailEveryRankNamingThem) {
+  PoolSpec spec;
+  spec.shards = 2;
+  TestCluster cluster(spec);
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  const std::string job = unique_job("mismatch");
+  const auto op_timeout = 2000ms;
+  std::vector<bench::Process> procs;
+  for (uint32_t r = 0; r < 3; ++r) {
+    std::vector<std::string> args{"--count", "1009"};
+    if (r == 2) args.insert(args.end(), {"--count-override", "1010"});
+    auto env = cluster.worker_env(job, r, 3);
+    env["TALLY_OP_TIMEOUT_MS"] = std::to_string(op_timeout.count());
+    procs.push_back(cluster.spawn_worker("w" + std::to_string(r), args, env));
+  }
+  // Every rank fails with the mismatch in its message: directly, or (for a
+  // rank that joined after the others had failed and left) as the reason
+  // its op timed out.
+  for (uint32_t r = 0; r < 3; ++r) {
+    auto out = wait_worker(procs[r], cluster, "w" + std::to_string(r), 3 * op_timeout);
+    EXPECT_EQ(out.exit_code, 3) << out.out;
+    EXPECT_TRUE(contains(out.out, "mismatch: ")) << out.out;
+    EXPECT_TRUE(contains(out.out, "disagree")) << out.out;
+    EXPECT_TRUE(contains(out.out, "rank 2 sent count=1010")) << out.out;
+    EXPECT_LT(error_ms(out.out), 2 * op_timeout.count()) << out.out;
+  }
+}
+
+TEST(Fault, MismatchedDtypeFailsEveryRank) {
+  TestCluster cluster(PoolSpec{});
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  const std::string job = unique_job("dtype");
+  std::vector<bench::Process> procs;
+  for (uint32_t r = 0; r < 2; ++r) {
+    procs.push_back(cluster.spawn_worker("w" + std::to_string(r),
+                                         {"--count", "512", "--dtype", r == 0 ? "float" : "int32"},
+                                         cluster.worker_env(job, r, 2)));
+  }
+  for (uint32_t r = 0; r < 2; ++r) {
+    auto out = wait_worker(procs[r], cluster, "w" + std::to_string(r), 15s);
+    EXPECT_EQ(out.exit_code, 3) << out.out;
+    EXPECT_TRUE(contains(out.out, "float")) << out.out;
+    EXPECT_TRUE(contains(out.out, "int32")) << out.out;
+  }
+}
+
+TEST(Fault, HalfPrecisionIsRefusedClearly) {
+  TestCluster cluster(PoolSpec{});
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  const std::string job = unique_job("half");
+  auto p = cluster.spawn_worker("w0", {"--count", "300", "--dtype", "half"}, cluster.worker_env(job, 0, 1));
+  auto out = wait_worker(p, cluster, "w0", 15s);
+  EXPECT_EQ(out.exit_code, 3) << out.out;
+  EXPECT_TRUE(contains(out.out, "unimplemented")) << out.out;
+}
+
+TEST(Fault, GarbageAndHostileFramesCloseOnlyThatConnection) {
+  PoolSpec spec;
+  spec.reducer_args.insert(spec.reducer_args.end(), {"--peer-timeout-ms", "800", "--heartbeat-ms", "200"});
+  TestCluster cluster(spec);
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  const std::string address = cluster.addresses()[0];
+
+  // A stalled peer that sends half a header is dropped by the peer timeout.
+  RawPeer stalled(address);
+  stalled.send("TALY", 4);
+
+  {  // Plain garbage.
+    RawPeer peer(address);
+    std::string junk(64, 'A');
+    peer.send(junk.data(), junk.size());
+    EXPECT_TRUE(peer.closed_within(5s));
+  }
+  {  // A control frame claiming 1 GiB.
+    RawPeer peer(address);
+    FrameHeader h;
+    h.kind = FrameKind::kControl;
+    h.length = 1ull << 30;
+    peer.send_frame(h, "");
+    EXPECT_TRUE(peer.closed_within(5s));
+  }
+  {  // A control frame whose payload is not protobuf.
+    RawPeer peer(address);
+    FrameHeader h;
+    h.kind = FrameKind::kControl;
+    h.length = 16;
+    peer.send_frame(h, std::string(16, '\xff'));
+    EXPECT_TRUE(peer.closed_within(5s));
+  }
+  {  // Data before hello.
+    RawPeer peer(address);
+    FrameHeader h;
+    h.kind = FrameKind::kContribution;
+    h.count = 16;
+    h.length = 64;
+    peer.send_frame(h, std::string(64, '\0'));
+    EXPECT_TRUE(peer.closed_within(5s));
+  }
+  {  // Hello, then a contribution that claims another rank, larger than the buffers.
+    RawPeer peer(address);
+    const std::string job = unique_job("hostile");
+    peer.send_control(hello(job, 0, 2));
+    FrameHeader h;
+    h.kind = FrameKind::kContribution;
+    h.job = job_id(job);
+    h.rank = 1;
+    h.count = 1u << 20;
+    h.length = 1u << 20;
+    peer.send_frame(h, "");
+    EXPECT_TRUE(peer.closed_within(5s));
+  }
+  EXPECT_TRUE(stalled.closed_within(5s));
+  // The daemon is up and serves everyone else.
+  EXPECT_FALSE(cluster.reducer(0).wait_for(0ms).has_value());
+  expect_allreduce_works(cluster, 2, "after-garbage");
+  const std::string log = cluster.reducer_log(0);
+  EXPECT_TRUE(contains(log, "bad frame magic")) << log;
+  EXPECT_TRUE(contains(log, "exceeds the limit")) << log;
+  EXPECT_TRUE(contains(log, "malformed control message")) << log;
+  EXPECT_TRUE(contains(log, "before its hello")) << log;
+  EXPECT_TRUE(contains(log, "no data or heartbeat")) << log;
+}
+
+TEST(Fault, OtherProtocolVersionGetsAClearError) {
+  TestCluster cluster(PoolSpec{});
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  {  // Version 2 in the Hello: the reducer answers with an Error, then closes.
+    RawPeer peer(cluster.addresses()[0]);
+    peer.send_control(hello(unique_job("v2"), 0, 1, 2));
+    std::string received;
+    EXPECT_TRUE(peer.closed_within(5s, &received));
+    ASSERT_GE(received.size(), kFrameHeaderBytes);
+    auto h = decode_header(std::span<const std::byte, kFrameHeaderBytes>(
+                               reinterpret_cast<const std::byte*>(received.data()), kFrameHeaderBytes),
+                           FrameLimits{});
+    ASSERT_TRUE(h) << h.status().to_string();
+    wire::Control reply;
+    ASSERT_TRUE(reply.ParseFromArray(received.data() + kFrameHeaderBytes, static_cast<int>(h->length)));
+    ASSERT_TRUE(reply.has_error());
+    EXPECT_EQ(reply.error().code(), wire::VERSION_MISMATCH);
+    EXPECT_TRUE(contains(reply.error().message(), "version 2")) << reply.error().message();
+  }
+  {  // Version 2 in the frame header itself.
+    RawPeer peer(cluster.addresses()[0]);
+    auto bytes = encode_header(FrameHeader{});
+    bytes[4] = std::byte{2};
+    peer.send(bytes.data(), bytes.size());
+    EXPECT_TRUE(peer.closed_within(5s));
+  }
+  EXPECT_TRUE(contains(cluster.reducer_log(0), "protocol version 2")) << cluster.reducer_log(0);
+}
+
+TEST(Fault, DuplicateRankIsRefused) {
+  TestCluster cluster(PoolSpec{});
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  const std::string job = unique_job("dup");
+  auto first = cluster.spawn_worker("a", {"--count", "10", "--stall-ms", "3000", "--ops", "1"},
+                                    cluster.worker_env(job, 0, 2));
+  ASSERT_TRUE(eventually([&] { return contains(cluster.worker_stdout("a"), "connected"); }, 10s));
+  auto second = cluster.spawn_worker("b", {"--count", "10"}, cluster.worker_env(job, 0, 2));
+  auto out = wait_worker(second, cluster, "b", 10s);
+  EXPECT_EQ(out.exit_code, 2) << out.out;
+  EXPECT_TRUE(contains(out.out, "already_exists")) << out.out;
+  EXPECT_TRUE(contains(out.out, "rank 0")) << out.out;
+  first.terminate(100ms);
+}
+
+TEST(Fault, PoolListedOutOfShardOrderIsRefused) {
+  PoolSpec spec;
+  spec.shards = 2;
+  TestCluster cluster(spec);
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  auto env = cluster.worker_env(unique_job("order"), 0, 1);
+  env["TALLY_POOL"] = cluster.addresses()[1] + "," + cluster.addresses()[0];
+  auto p = cluster.spawn_worker("w", {"--count", "10"}, env);
+  auto out = wait_worker(p, cluster, "w", 10s);
+  EXPECT_EQ(out.exit_code, 2) << out.out;
+  EXPECT_TRUE(contains(out.out, "shard order")) << out.out;
+}
+
+TEST(Fault, UnreachablePoolFailsWithinTheConnectTimeout) {
+  TestCluster cluster(PoolSpec{});
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  auto env = cluster.worker_env(unique_job("unreachable"), 0, 1);
+  env["TALLY_POOL"] = "127.0.0.1:1";  // nothing listens on port 1
+  env["TALLY_CONNECT_TIMEOUT_MS"] = "700";
+  const auto t0 = std::chrono::steady_clock::now();
+  auto p = cluster.spawn_worker("w", {"--count", "10"}, env);
+  auto out = wait_worker(p, cluster, "w", 10s);
+  EXPECT_EQ(out.exit_code, 2) << out.out;
+  EXPECT_TRUE(contains(out.out, "127.0.0.1:1")) << out.out;
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+}
+
+TEST(Fault, BadEnvironmentIsNamed) {
+  TestCluster cluster(PoolSpec{});
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  auto env = cluster.worker_env(unique_job("env"), 0, 1);
+  env["TALLY_RANK"] = "three";
+  auto p = cluster.spawn_worker("w", {"--count", "10"}, env);
+  auto out = wait_worker(p, cluster, "w", 10s);
+  EXPECT_EQ(out.exit_code, 2) << out.out;
+  EXPECT_TRUE(contains(out.out, "TALLY_RANK")) << out.out;
+}
+
+TEST(Bench, SweepPrintsTheTableWithNoWrongResults) {
+  char tmpl[] = "/tmp/tally-bench-test-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  bench::ProcessSpec spec;
+  spec.path = TALLY_BENCH_PATH;
+  spec.args = {"-W", "3", "-r", "2", "-b", "4K", "-e", "256K", "-f", "4", "-w", "1", "-n", "2",
+               "--chunk-bytes", "64K", "--json", dir + "/out.json"};
+  spec.env = {{"TALLY_REDUCER", TALLY_REDUCER_PATH}};
+  spec.stdout_path = dir + "/stdout";
+  spec.stderr_path = dir + "/stderr";
+  auto p = bench::Process::spawn(spec);
+  ASSERT_TRUE(p) << p.status().to_string();
+  auto st = p->wait_for(60s);
+  const std::string out = read_file(dir + "/stdout");
+  ASSERT_TRUE(st.has_value());
+  EXPECT_EQ(*st, 0) << out << read_file(dir + "/stderr");
+  EXPECT_TRUE(contains(out, "transport=tcp W=3 S=2 G=1 chunk=64KiB")) << out;
+  EXPECT_TRUE(contains(out, "algbw(GB/s)")) << out;
+  EXPECT_TRUE(contains(out, "# Out of bounds values : 0 OK")) << out;
+  for (const char* size : {"4096", "16384", "65536", "262144"}) {
+    EXPECT_TRUE(contains(out, std::string("  ") + size + " ")) << out;
+  }
+  const std::string json = read_file(dir + "/out.json");
+  EXPECT_TRUE(contains(json, "\"size\": 262144")) << json;
+  EXPECT_TRUE(contains(json, "\"wrong\": 0")) << json;
+  EXPECT_FALSE(contains(json, "\"wrong\": 1")) << json;
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace tally::testing

@@ -1,0 +1,132 @@
+#include "harness.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <thread>
+
+namespace tally::testing {
+
+namespace fs = std::filesystem;
+
+TestCluster::TestCluster(const PoolSpec& spec) {
+  char tmpl[] = "/tmp/tally-test-XXXXXX";
+  if (!mkdtemp(tmpl)) {
+    error_ = "mkdtemp failed";
+    return;
+  }
+  dir_ = tmpl;
+  bench::LocalPoolOptions options;
+  options.shards = spec.shards;
+  options.reducer_path = TALLY_REDUCER_PATH;
+  options.extra_args = spec.reducer_args;
+  options.log_dir = dir_;
+  auto pool = bench::LocalPool::start(options);
+  if (!pool) {
+    error_ = pool.status().to_string();
+    return;
+  }
+  pool_ = std::move(*pool);
+}
+
+TestCluster::~TestCluster() {
+  if (pool_) {
+    // A reducer killed on purpose by the test is exempt; every other one
+    // must shut down cleanly (sanitizer reports make the exit status non-zero).
+    std::vector<int> statuses = pool_->stop();
+    for (size_t s = 0; s < statuses.size(); ++s) {
+      if (killed_.count(static_cast<uint32_t>(s))) continue;
+      EXPECT_EQ(statuses[s], 0) << "reducer " << s << " did not shut down cleanly:\n"
+                                << reducer_log(static_cast<uint32_t>(s));
+    }
+    pool_.reset();
+  }
+  // Keep the logs of a failed test for the person reading CI output.
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  if (info && info->result()->Failed()) {
+    for (uint32_t s = 0; s < 16; ++s) {
+      std::string log = read_file(dir_ + "/reducer-" + std::to_string(s) + ".log");
+      if (log.empty()) break;
+      std::cerr << "---- reducer " << s << " log ----\n" << log.substr(log.size() > 4000 ? log.size() - 4000 : 0);
+    }
+  }
+  std::error_code ec;
+  fs::remove_all(dir_, ec);
+}
+
+std::string TestCluster::reducer_log(uint32_t shard) const {
+  return read_file(dir_ + "/reducer-" + std::to_string(shard) + ".log");
+}
+
+std::map<std::string, std::string> TestCluster::worker_env(const std::string& job, uint32_t rank,
+                                                           uint32_t world) const {
+  return {{"TALLY_POOL", pool_string()},
+          {"TALLY_JOB", job},
+          {"TALLY_RANK", std::to_string(rank)},
+          {"TALLY_WORLD_SIZE", std::to_string(world)},
+          {"TALLY_CHUNK_BYTES", "1024"},
+          {"TALLY_OP_TIMEOUT_MS", "20000"},
+          {"TALLY_CONNECT_TIMEOUT_MS", "10000"}};
+}
+
+bench::Process TestCluster::spawn_worker(const std::string& name, const std::vector<std::string>& args,
+                                         const std::map<std::string, std::string>& env) {
+  bench::ProcessSpec spec;
+  spec.path = TALLY_TEST_WORKER_PATH;
+  spec.args = args;
+  spec.env = env;
+  spec.stdout_path = dir_ + "/" + name + ".out";
+  spec.stderr_path = dir_ + "/" + name + ".err";
+  auto p = bench::Process::spawn(spec);
+  if (!p) {
+    ADD_FAILURE() << p.status().to_string();
+    std::abort();
+  }
+  return std::move(*p);
+}
+
+std::string TestCluster::worker_stdout(const std::string& name) const {
+  return read_file(dir_ + "/" + name + ".out");
+}
+
+WorkerOutput wait_worker(bench::Process& p, const TestCluster& cluster, const std::string& name,
+                         std::chrono::milliseconds timeout) {
+  WorkerOutput out;
+  auto st = p.wait_for(timeout);
+  if (!st) {
+    p.terminate(std::chrono::milliseconds(100));
+    out.exit_code = -1;
+  } else {
+    out.exit_code = *st;
+  }
+  out.out = cluster.worker_stdout(name) + read_file(cluster.dir() + "/" + name + ".err");
+  return out;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+bool eventually(const std::function<bool()>& pred, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return pred();
+}
+
+std::string unique_job(const std::string& hint) {
+  static std::atomic<int> n{0};
+  return hint + "-" + std::to_string(getpid()) + "-" + std::to_string(n++);
+}
+
+}  // namespace tally::testing

@@ -25,6 +25,9 @@ class LocalPool {
   // Starts every reducer and waits until each listens. Errors: kUnavailable
   // (binary missing, a reducer exited early), kTimeout.
   static Result<std::unique_ptr<LocalPool>> start(const LocalPoolOptions& options);
+  // Stops every reducer (SIGTERM, then SIGKILL after `grace`) and returns
+  // their exit statuses, in shard order; 0 is a clean shutdown.
+  std::vector<int> stop(std::chrono::milliseconds grace = std::chrono::milliseconds(5000));
   ~LocalPool();
 
   // "host:port" of each shard, in shard order.

@@ -26,7 +26,7 @@
 #include <optional>
 #include <set>
 #include <string>
-#include <unordered_set>
+#include <unordered_map>
 #include <vector>
 
 #include "tally/protocol/frame.h"
@@ -59,6 +59,9 @@ struct JobSettings {
   uint32_t world_size = 1;
   uint32_t shard = 0;
   std::chrono::milliseconds op_timeout{60000};
+  // Why ranks of an earlier job of the same name left (rank -> reason), to
+  // explain a timeout to a worker that joined after they were gone.
+  std::map<uint32_t, std::string> history;
 };
 
 struct ChunkState;
@@ -93,10 +96,13 @@ class Job {
   // Adds a member for its rank. Errors: kAlreadyExists (rank taken),
   // kUnavailable (the job has failed since a rank was lost).
   Status join(const std::shared_ptr<JobMember>& member);
-  // Removes a member whose stream closed; fails every unfinished chunk and
-  // marks the job failed for the members that remain. Returns
-  // true when no members are left.
-  bool leave(const JobMember* member, const Status& why);
+  // Removes a member whose stream closed. A member lost without a goodbye
+  // fails every unfinished chunk and the job itself, for the members that
+  // remain (like an aborted NCCL communicator). A member that said goodbye
+  // (`why` is then its stated reason) only fails the chunks still waiting
+  // for it, and later ops until its rank joins again. Returns true when no
+  // members are left.
+  bool leave(const JobMember* member, const Status& why, bool goodbye);
 
   // A contribution's header from `member`: where its payload goes. Fills
   // `pending` on kReceive; kPause after registering the member's wake-up.
@@ -107,6 +113,9 @@ class Job {
   // Fails chunks older than the op timeout (naming the missing ranks) and
   // logs stragglers past half of it.
   void sweep(Clock::time_point now);
+  // Why ranks left this job (goodbye reasons and losses), for the next job
+  // of the same name.
+  std::map<uint32_t, std::string> departures() const;
 
  private:
   using ChunkKey = std::pair<uint64_t, uint32_t>;  // (op, chunk)
@@ -115,6 +124,8 @@ class Job {
   void fail_op_locked(uint64_t op, const Status& status, const std::vector<uint32_t>& ranks);
   void finish(const std::shared_ptr<ChunkState>& chunk);
   std::vector<std::shared_ptr<JobMember>> members_locked() const;
+  // " (rank 0 left earlier: ...)" for the ranks with a known reason.
+  std::string history_of(const std::vector<uint32_t>& ranks) const;
 
   const JobSettings settings_;
   const uint64_t id_;
@@ -124,9 +135,12 @@ class Job {
   mutable std::mutex mu_;
   std::vector<std::shared_ptr<JobMember>> members_;  // by rank
   std::optional<Status> lost_;                       // why the job failed for good
+  uint32_t lost_rank_ = 0;
+  std::map<uint32_t, std::string> departed_;         // ranks that said goodbye, and why
   std::map<ChunkKey, std::shared_ptr<ChunkState>> chunks_;
-  // Ops already failed here, so late contributions are answered, not summed.
-  std::unordered_set<uint64_t> failed_ops_;
+  // Ops already failed here, with the error every member was sent, so a
+  // late contribution is answered with the same error instead of summed.
+  std::unordered_map<uint64_t, std::shared_ptr<const wire::Control>> failed_ops_;
   std::deque<uint64_t> failed_order_;
   std::set<uint64_t> straggler_logged_;
 };

@@ -49,9 +49,11 @@ class Reducer {
   // The bound address (the real port when options.listen.port was 0).
   HostPort address() const;
   ReducerStats stats() const;
-  // Closes every stream and stops the threads; idempotent, thread-safe,
-  // does not block (join with wait()).
+  // Sends every stream a shutdown error and closes it; idempotent,
+  // thread-safe, does not block.
   void stop();
+  // After stop(): waits up to a second for the streams to close, then stops
+  // and joins the I/O threads.
   void wait();
 
   struct Impl;

@@ -1,6 +1,6 @@
 // Chunk memory: a fixed pool of equal slabs carved from one mapping made at
-// start-up, and per-job quotas drawn from it. Nothing on the data path
-// allocates; when a job's quota is empty its connections stop reading until
+// start-up, and per-job quotas drawn from it. No payload memory is allocated
+// on the data path; when a job's quota is empty its connections stop reading until
 // a slab comes back (back-pressure), they never grow memory or drop data.
 #pragma once
 

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# tally's one entry point for people and CI on a Debian 12 machine:
+#   deploy/dev.sh bench [tally-bench flags]   set up, build, run a local pool + 4 workers, print the table
+#   deploy/dev.sh test                        set up, build, run every test (plain, ASan+UBSan, TSan)
+#   deploy/dev.sh setup | build               the steps on their own
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PACKAGES=(
+  build-essential cmake ninja-build pkg-config git
+  libboost-dev protobuf-compiler libprotobuf-dev libspdlog-dev libfmt-dev libcli11-dev
+  libgtest-dev libgmock-dev
+)
+
+setup() {
+  local missing=()
+  for p in "${PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if ((${#missing[@]})); then
+    echo "dev.sh: installing ${missing[*]}" >&2
+    local sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  fi
+}
+
+# build DIR [cmake args...]: configure once, then build incrementally.
+build() {
+  local dir=$1
+  shift
+  if [ ! -f "$dir/build.ninja" ]; then
+    cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >/dev/null
+  fi
+  cmake --build "$dir" -- -j"$(nproc)"
+}
+
+run_tests() {
+  local dir=$1
+  shift
+  echo "== ctest in $dir" >&2
+  ctest --test-dir "$dir" --output-on-failure --no-tests=error -j"$(nproc)" "$@"
+}
+
+cmd=${1:-}
+[ $# -gt 0 ] && shift
+case "$cmd" in
+  setup) setup ;;
+  build) setup; build build ;;
+  bench)
+    setup
+    build build >&2
+    exec build/bench/tally-bench "$@"
+    ;;
+  test)
+    setup
+    build build
+    run_tests build
+    # The threaded core under the sanitizers; every test runs real processes
+    # built the same way, so a report in a reducer or worker fails its test.
+    export ASAN_OPTIONS=abort_on_error=1:detect_leaks=1
+    export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+    export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
+    build build-asan -DTALLY_SANITIZE=address
+    run_tests build-asan
+    build build-tsan -DTALLY_SANITIZE=thread
+    run_tests build-tsan
+    ;;
+  *)
+    sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//' >&2
+    exit 2
+    ;;
+esac

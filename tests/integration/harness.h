@@ -1,0 +1,76 @@
+// Helpers for tests that run real tally-reducer and worker processes on
+// loopback: a pool per test, workers with TALLY_* set, bounded waits, and
+// each process's output kept in the test's temporary directory.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "tally/bench/local_pool.h"
+#include "tally/bench/process.h"
+
+namespace tally::testing {
+
+struct PoolSpec {
+  uint32_t shards = 1;
+  // Small buffers so a few KiB already make many chunks.
+  std::vector<std::string> reducer_args{"--max-chunk-bytes", "4096", "--memory-budget", "1MiB",
+                                        "--window", "4", "--io-threads", "2", "--log-level", "info"};
+};
+
+struct WorkerOutput {
+  int exit_code = -1;  // -1: still running at the deadline (then killed)
+  std::string out;
+};
+
+class TestCluster {
+ public:
+  // Starts the pool in a fresh temporary directory. Fails the test (ASSERT)
+  // through the returned null pointer's message on error.
+  explicit TestCluster(const PoolSpec& spec);
+  ~TestCluster();
+
+  bool ok() const { return pool_ != nullptr; }
+  const std::string& error() const { return error_; }
+  std::string pool_string() const { return pool_->pool_string(); }
+  const std::vector<std::string>& addresses() const { return pool_->addresses(); }
+  bench::Process& reducer(uint32_t shard) { return pool_->reducer(shard); }
+  // Kills a reducer; its exit status is then not checked at teardown.
+  void kill_reducer(uint32_t shard, int sig) {
+    killed_.insert(shard);
+    pool_->reducer(shard).signal(sig);
+  }
+  std::string reducer_log(uint32_t shard) const;
+  const std::string& dir() const { return dir_; }
+
+  // Environment for rank `rank` of a `world`-sized job on this pool.
+  std::map<std::string, std::string> worker_env(const std::string& job, uint32_t rank,
+                                                uint32_t world) const;
+  // Starts tally-test-worker with `args`; stdout goes to dir/<name>.out.
+  bench::Process spawn_worker(const std::string& name, const std::vector<std::string>& args,
+                              const std::map<std::string, std::string>& env);
+  std::string worker_stdout(const std::string& name) const;
+
+ private:
+  std::string dir_;
+  std::string error_;
+  std::set<uint32_t> killed_;
+  std::unique_ptr<bench::LocalPool> pool_;
+};
+
+// Waits for a process; kills it at the deadline.
+WorkerOutput wait_worker(bench::Process& p, const TestCluster& cluster, const std::string& name,
+                         std::chrono::milliseconds timeout);
+std::string read_file(const std::string& path);
+// Polls until `pred` holds or `timeout` passes; returns whether it held.
+bool eventually(const std::function<bool()>& pred, std::chrono::milliseconds timeout);
+// A job name unique to this test and process.
+std::string unique_job(const std::string& hint);
+
+}  // namespace tally::testing
