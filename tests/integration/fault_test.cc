@@ -389,6 +389,50 @@ TEST(Fault, BadEnvironmentIsNamed) {
   EXPECT_TRUE(contains(out.out, "TALLY_RANK")) << out.out;
 }
 
+// A window of one chunk gives each job three buffers: eight workers with
+// many chunks keep running out of them, so streams pause and resume all the
+// time. Every sum must still be exact (no data dropped, no deadlock).
+TEST(Memory, TinyQuotaBackPressureStillGivesExactSums) {
+  PoolSpec spec;
+  spec.shards = 2;
+  spec.reducer_args = {"--max-chunk-bytes", "4096", "--memory-budget", "12KiB", "--window", "1",
+                       "--io-threads", "2", "--log-level", "info"};
+  TestCluster cluster(spec);
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  const std::string job = unique_job("tiny");
+  std::vector<bench::Process> procs;
+  for (uint32_t r = 0; r < 8; ++r) {
+    auto env = cluster.worker_env(job, r, 8);
+    env["TALLY_CHUNK_BYTES"] = "4096";
+    procs.push_back(cluster.spawn_worker("w" + std::to_string(r), {"--count", "40000", "--ops", "3"}, env));
+  }
+  for (uint32_t r = 0; r < 8; ++r) {
+    auto out = wait_worker(procs[r], cluster, "w" + std::to_string(r), 60s);
+    EXPECT_EQ(out.exit_code, 0) << out.out;
+  }
+}
+
+// The budget holds one job's buffers: a second job is refused at connect
+// with a clear error, and the first keeps working.
+TEST(Memory, ExhaustedBudgetRefusesANewJobClearly) {
+  PoolSpec spec;
+  spec.reducer_args = {"--max-chunk-bytes", "4096", "--memory-budget", "24KiB", "--window", "4",
+                       "--log-level", "info"};
+  TestCluster cluster(spec);
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  const std::string first_job = unique_job("first");
+  auto first = cluster.spawn_worker("a", {"--count", "1009", "--ops", "2", "--stall-ms", "1500"},
+                                    cluster.worker_env(first_job, 0, 1));
+  ASSERT_TRUE(eventually([&] { return contains(cluster.worker_stdout("a"), "op 0 ok"); }, 10s));
+  auto second = cluster.spawn_worker("b", {"--count", "10"}, cluster.worker_env(unique_job("second"), 0, 1));
+  auto out = wait_worker(second, cluster, "b", 10s);
+  EXPECT_EQ(out.exit_code, 2) << out.out;
+  EXPECT_TRUE(contains(out.out, "resource_exhausted")) << out.out;
+  EXPECT_TRUE(contains(out.out, "memory budget")) << out.out;
+  auto first_out = wait_worker(first, cluster, "a", 10s);
+  EXPECT_EQ(first_out.exit_code, 0) << first_out.out;
+}
+
 TEST(Bench, SweepPrintsTheTableWithNoWrongResults) {
   char tmpl[] = "/tmp/tally-bench-test-XXXXXX";
   ASSERT_NE(mkdtemp(tmpl), nullptr);

@@ -1,0 +1,267 @@
+// The accumulator: Job's chunk summation driven directly, with members that
+// record what the job sends them (the streams themselves are covered by the
+// integration tests). Covers every arrival order of headers and payloads,
+// the pending path, disagreement, duplicates, losses and the memory quota.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+#include <numeric>
+#include <vector>
+
+#include "tally.pb.h"
+#include "tally/reducer/job.h"
+
+namespace tally {
+namespace {
+
+class RecordingMember : public JobMember {
+ public:
+  RecordingMember(uint32_t rank) : rank_(rank), peer_("test-peer-" + std::to_string(rank)) {}
+  uint32_t rank() const override { return rank_; }
+  const std::string& peer() const override { return peer_; }
+  void send_result(const FrameHeader& header, std::shared_ptr<Slab> slab) override {
+    std::lock_guard lock(mu);
+    results.push_back({header, std::vector<float>(reinterpret_cast<float*>(slab->data()),
+                                                  reinterpret_cast<float*>(slab->data()) + header.length / 4)});
+  }
+  void send_control(std::shared_ptr<const wire::Control> message) override {
+    std::lock_guard lock(mu);
+    errors.push_back(*message);
+  }
+  void wake() override { wakes++; }
+
+  struct Result {
+    FrameHeader header;
+    std::vector<float> values;
+  };
+  std::mutex mu;
+  std::vector<Result> results;
+  std::vector<wire::Control> errors;
+  int wakes = 0;
+
+ private:
+  uint32_t rank_;
+  std::string peer_;
+};
+
+struct Fixture {
+  explicit Fixture(uint32_t world, size_t slabs = 16, size_t slab_bytes = 4096) {
+    pool = *SlabPool::create(slab_bytes, slabs);
+    JobSettings settings;
+    settings.name = "unit-job";
+    settings.world_size = world;
+    settings.op_timeout = std::chrono::milliseconds(1000);
+    job = std::make_shared<Job>(settings, *SlabQuota::reserve(pool, slabs), counters);
+    for (uint32_t r = 0; r < world; ++r) {
+      members.push_back(std::make_shared<RecordingMember>(r));
+      EXPECT_TRUE(job->join(members.back()).is_ok());
+    }
+  }
+
+  FrameHeader header(uint32_t rank, uint64_t op, uint32_t chunk, uint64_t count, uint64_t offset,
+                     uint64_t length, RedOp redop = RedOp::kSum) {
+    FrameHeader h;
+    h.kind = FrameKind::kContribution;
+    h.dtype = DType::kFloat32;
+    h.redop = redop;
+    h.rank = rank;
+    h.job = job->id();
+    h.op = op;
+    h.count = count;
+    h.offset = offset;
+    h.chunk = chunk;
+    h.length = length;
+    return h;
+  }
+
+  // Header phase; returns the action and keeps the pending contribution.
+  PayloadAction offer(const FrameHeader& h, PendingContribution& p) {
+    return job->on_contribution_header(members[h.rank], h, p);
+  }
+  // Payload phase: writes rank-specific values into the destination first.
+  void deliver(const FrameHeader& h, PendingContribution& p, std::span<std::byte> dst) {
+    auto* f = reinterpret_cast<float*>(dst.data());
+    for (size_t i = 0; i < h.length / 4; ++i) f[i] = static_cast<float>((h.rank + 1) * 1000 + i);
+    job->on_contribution_payload(h, p);
+  }
+
+  std::shared_ptr<SlabPool> pool;
+  ReducerCounters counters;
+  std::shared_ptr<Job> job;
+  std::vector<std::shared_ptr<RecordingMember>> members;
+};
+
+float expected_sum(uint32_t world, size_t i) {
+  float s = 0;
+  for (uint32_t r = 0; r < world; ++r) s += static_cast<float>((r + 1) * 1000 + i);
+  return s;
+}
+
+// Headers arrive in rank order; payloads complete in every permutation,
+// including the first (accumulator) payload last, which parks the others.
+TEST(Accumulator, EveryPayloadOrderGivesTheExactSum) {
+  const uint32_t world = 4;
+  std::vector<uint32_t> order(world);
+  std::iota(order.begin(), order.end(), 0);
+  int permutations = 0;
+  do {
+    Fixture f(world);
+    const uint64_t count = 100;
+    std::vector<FrameHeader> headers;
+    std::vector<PendingContribution> pending(world);
+    std::vector<std::span<std::byte>> dst(world);
+    for (uint32_t r = 0; r < world; ++r) {
+      headers.push_back(f.header(r, 7, 0, count, 0, count * 4));
+      auto action = f.offer(headers[r], pending[r]);
+      ASSERT_EQ(action.kind, PayloadAction::Kind::kReceive);
+      ASSERT_EQ(action.dst.size(), count * 4);
+      dst[r] = action.dst;
+    }
+    EXPECT_TRUE(pending[0].owner);
+    for (uint32_t r = 1; r < world; ++r) EXPECT_FALSE(pending[r].owner);
+    for (uint32_t r : order) f.deliver(headers[r], pending[r], dst[r]);
+    for (auto& m : f.members) {
+      ASSERT_EQ(m->results.size(), 1u);
+      EXPECT_EQ(m->results[0].header.kind, FrameKind::kResult);
+      EXPECT_EQ(m->results[0].header.op, 7u);
+      EXPECT_EQ(m->results[0].header.rank, kReducerRank);
+      for (size_t i = 0; i < count; ++i) ASSERT_EQ(m->results[0].values[i], expected_sum(world, i));
+      EXPECT_TRUE(m->errors.empty());
+    }
+    ++permutations;
+  } while (std::next_permutation(order.begin(), order.end()));
+  EXPECT_EQ(permutations, 24);
+}
+
+TEST(Accumulator, AverageIsDividedOnceByTheWorldSize) {
+  Fixture f(2);
+  PendingContribution p0, p1;
+  auto h0 = f.header(0, 0, 0, 8, 0, 32, RedOp::kAverage);
+  auto h1 = f.header(1, 0, 0, 8, 0, 32, RedOp::kAverage);
+  auto a0 = f.offer(h0, p0);
+  auto a1 = f.offer(h1, p1);
+  f.deliver(h1, p1, a1.dst);
+  f.deliver(h0, p0, a0.dst);
+  for (size_t i = 0; i < 8; ++i) EXPECT_EQ(f.members[0]->results[0].values[i], expected_sum(2, i) / 2.0f);
+}
+
+TEST(Accumulator, DisagreeingCountFailsTheOpForEveryoneNamingBothRanks) {
+  Fixture f(3);
+  PendingContribution p0, p2;
+  auto a0 = f.offer(f.header(0, 3, 0, 100, 0, 400), p0);
+  ASSERT_EQ(a0.kind, PayloadAction::Kind::kReceive);
+  auto a2 = f.offer(f.header(2, 3, 0, 101, 0, 400), p2);
+  EXPECT_EQ(a2.kind, PayloadAction::Kind::kDiscard);
+  for (auto& m : f.members) {
+    ASSERT_EQ(m->errors.size(), 1u);
+    const auto& e = m->errors[0].error();
+    EXPECT_EQ(e.code(), wire::MISMATCH);
+    EXPECT_TRUE(e.has_op());
+    EXPECT_EQ(e.op(), 3u);
+    EXPECT_NE(e.message().find("rank 0 sent count=100"), std::string::npos) << e.message();
+    EXPECT_NE(e.message().find("rank 2 sent count=101"), std::string::npos) << e.message();
+    ASSERT_EQ(e.ranks_size(), 2);
+  }
+  // The first payload still lands (its slab is held by the session) and is dropped.
+  f.deliver(f.header(0, 3, 0, 100, 0, 400), p0, a0.dst);
+  EXPECT_TRUE(f.members[0]->results.empty());
+  // A late contribution to the failed op gets the same error again.
+  PendingContribution p1;
+  EXPECT_EQ(f.offer(f.header(1, 3, 1, 100, 0, 400), p1).kind, PayloadAction::Kind::kDiscard);
+  EXPECT_EQ(f.members[1]->errors.size(), 2u);
+}
+
+TEST(Accumulator, DisagreeingDtypeOrReductionFailsTheOp) {
+  Fixture f(2);
+  PendingContribution p0, p1;
+  f.offer(f.header(0, 0, 0, 8, 0, 32), p0);
+  auto h = f.header(1, 0, 0, 8, 0, 32, RedOp::kAverage);
+  EXPECT_EQ(f.offer(h, p1).kind, PayloadAction::Kind::kDiscard);
+  EXPECT_EQ(f.members[0]->errors.at(0).error().code(), wire::MISMATCH);
+}
+
+TEST(Accumulator, SecondContributionFromARankClosesItsStream) {
+  Fixture f(2);
+  PendingContribution p, q;
+  f.offer(f.header(0, 0, 0, 8, 0, 32), p);
+  auto again = f.offer(f.header(0, 0, 0, 8, 0, 32), q);
+  EXPECT_EQ(again.kind, PayloadAction::Kind::kClose);
+  EXPECT_EQ(again.error.code(), ErrorCode::kProtocol);
+}
+
+TEST(Accumulator, FullQuotaPausesAndWakesWhenASlabFrees) {
+  // Two slabs: two chunks' accumulators fill the quota; a third chunk pauses.
+  Fixture f(2, /*slabs=*/2);
+  PendingContribution a, b, c;
+  auto ha = f.header(0, 0, 0, 2048, 0, 4096);
+  auto hb = f.header(0, 0, 1, 2048, 4096, 4096);
+  auto aa = f.offer(ha, a);
+  auto ab = f.offer(hb, b);
+  ASSERT_EQ(aa.kind, PayloadAction::Kind::kReceive);
+  ASSERT_EQ(ab.kind, PayloadAction::Kind::kReceive);
+  auto hc = f.header(1, 0, 0, 2048, 0, 4096);
+  EXPECT_EQ(f.offer(hc, c).kind, PayloadAction::Kind::kPause);
+  EXPECT_EQ(f.members[1]->wakes, 0);
+  // Rank 0's payloads land; chunk 0 cannot finish without rank 1, so
+  // nothing frees yet. A failed op frees its slabs and wakes the waiter.
+  f.deliver(ha, a, aa.dst);
+  f.deliver(hb, b, ab.dst);
+  EXPECT_EQ(f.members[1]->wakes, 0);
+  f.job->leave(f.members[0].get(), Status(ErrorCode::kPeerLost, "gone"), /*goodbye=*/false);
+  EXPECT_GE(f.members[1]->wakes, 1);
+}
+
+TEST(Accumulator, LostRankFailsUnfinishedChunksAndLaterOps) {
+  Fixture f(3);
+  PendingContribution p0;
+  f.offer(f.header(0, 5, 0, 8, 0, 32), p0);
+  f.job->leave(f.members[2].get(), Status(ErrorCode::kPeerLost, "connection reset"), false);
+  for (uint32_t r : {0u, 1u}) {
+    ASSERT_EQ(f.members[r]->errors.size(), 1u);
+    EXPECT_EQ(f.members[r]->errors[0].error().code(), wire::PEER_LOST);
+    EXPECT_NE(f.members[r]->errors[0].error().message().find("rank 2"), std::string::npos);
+  }
+  PendingContribution p1;
+  EXPECT_EQ(f.offer(f.header(1, 6, 0, 8, 0, 32), p1).kind, PayloadAction::Kind::kDiscard);
+  EXPECT_EQ(f.members[1]->errors.back().error().op(), 6u);
+  // The job stays failed: the rank cannot simply come back.
+  EXPECT_EQ(f.job->join(std::make_shared<RecordingMember>(2)).code(), ErrorCode::kUnavailable);
+}
+
+TEST(Accumulator, GoodbyeFailsOnlyWhatStillNeedsTheRank) {
+  Fixture f(2);
+  // Op 0 chunk 0: rank 1 already contributed, rank 0 not yet.
+  PendingContribution p1;
+  auto h1 = f.header(1, 0, 0, 8, 0, 32);
+  auto a1 = f.offer(h1, p1);
+  f.deliver(h1, p1, a1.dst);
+  f.job->leave(f.members[1].get(), Status(ErrorCode::kCancelled, "done"), /*goodbye=*/true);
+  EXPECT_TRUE(f.members[0]->errors.empty());
+  // A new op needing rank 1 fails at once, naming it and its reason.
+  PendingContribution p0;
+  EXPECT_EQ(f.offer(f.header(0, 1, 0, 8, 0, 32), p0).kind, PayloadAction::Kind::kDiscard);
+  ASSERT_EQ(f.members[0]->errors.size(), 1u);
+  EXPECT_NE(f.members[0]->errors[0].error().message().find("it said: done"), std::string::npos);
+  // The rank may join again.
+  EXPECT_TRUE(f.job->join(std::make_shared<RecordingMember>(1)).is_ok());
+}
+
+TEST(Accumulator, SweepTimesOutNamingMissingRanks) {
+  Fixture f(3);
+  PendingContribution p0;
+  auto h = f.header(0, 9, 0, 8, 0, 32);
+  auto a = f.offer(h, p0);
+  f.deliver(h, p0, a.dst);
+  f.job->sweep(Job::Clock::now());
+  EXPECT_TRUE(f.members[0]->errors.empty());
+  f.job->sweep(Job::Clock::now() + std::chrono::milliseconds(1500));
+  ASSERT_EQ(f.members[0]->errors.size(), 1u);
+  const auto& e = f.members[0]->errors[0].error();
+  EXPECT_EQ(e.code(), wire::TIMEOUT);
+  EXPECT_NE(e.message().find("waiting for ranks [1,2]"), std::string::npos) << e.message();
+}
+
+}  // namespace
+}  // namespace tally
