@@ -10,7 +10,7 @@ ChunkPlan::ChunkPlan(uint64_t nbytes, size_t element_bytes, size_t chunk_bytes, 
     : nbytes_(nbytes), shards_(shards) {
   TALLY_CHECK(element_bytes > 0 && chunk_bytes > 0 && shards > 0);
   chunk_bytes_ = std::max<uint64_t>(element_bytes, chunk_bytes / element_bytes * element_bytes);
-  count_ = (nbytes_ + chunk_bytes_ - 1) / chunk_bytes_;
+  count_ = nbytes_ / chunk_bytes_ + (nbytes_ % chunk_bytes_ != 0);  // no wrap near 2^64
 }
 
 ChunkExtent ChunkPlan::chunk(uint64_t index) const {

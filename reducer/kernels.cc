@@ -42,8 +42,15 @@ template <typename T>
 void div_loop(std::byte* data, size_t nbytes, uint32_t divisor) {
   const size_t n = nbytes / sizeof(T);
   T* d = reinterpret_cast<T*>(data);
-  const T div = static_cast<T>(divisor);
-  for (size_t i = 0; i < n; ++i) d[i] /= div;
+  if constexpr (std::is_integral_v<T>) {
+    // In int64 so that any uint32 divisor keeps its value (an int32 cast of
+    // one above INT32_MAX would turn negative).
+    const int64_t div = divisor;
+    for (size_t i = 0; i < n; ++i) d[i] = static_cast<T>(static_cast<int64_t>(d[i]) / div);
+  } else {
+    const T div = static_cast<T>(divisor);
+    for (size_t i = 0; i < n; ++i) d[i] /= div;
+  }
 }
 
 }  // namespace

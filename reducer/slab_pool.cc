@@ -3,12 +3,18 @@
 #include <sys/mman.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 
 namespace tally {
 
 Result<std::shared_ptr<SlabPool>> SlabPool::create(size_t slab_bytes, size_t count) {
   TALLY_CHECK(slab_bytes > 0 && count > 0);
+  if (count > SIZE_MAX / slab_bytes) {
+    return Status(ErrorCode::kResourceExhausted, std::to_string(count) + " buffers of " +
+                                                     std::to_string(slab_bytes) +
+                                                     " bytes overflow the address space");
+  }
   const size_t bytes = slab_bytes * count;
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) {
