@@ -99,8 +99,8 @@ struct Client::Impl {
   std::optional<Status> last_failure;  // of the latest failed op
 
   void start_op(const std::shared_ptr<Op>& op);
-  void fail_op(const std::shared_ptr<Op>& op, const Status& status);
-  void maybe_finish(const std::shared_ptr<Op>& op);
+  void fail_op(std::shared_ptr<Op> op, const Status& status);  // by value: callers may pass the ops map entry
+  void maybe_finish(std::shared_ptr<Op> op);
   void on_op_error(uint64_t op_id, const Status& status);
   void on_link_closed(uint32_t shard, const Status& status);
   void pump(ShardLink& link);
@@ -357,7 +357,7 @@ void Client::Impl::start_op(const std::shared_ptr<Op>& op) {
   for (auto& link : links) pump(*link);
 }
 
-void Client::Impl::fail_op(const std::shared_ptr<Op>& op, const Status& status) {
+void Client::Impl::fail_op(std::shared_ptr<Op> op, const Status& status) {
   if (op->failed || op->done) return;
   op->failed = true;
   op->failure = status;
@@ -403,7 +403,7 @@ void Client::Impl::fail_op(const std::shared_ptr<Op>& op, const Status& status) 
   for (auto& link : links) pump(*link);
 }
 
-void Client::Impl::maybe_finish(const std::shared_ptr<Op>& op) {
+void Client::Impl::maybe_finish(std::shared_ptr<Op> op) {
   if (op->done) return;
   for (size_t s = 0; s < links.size(); ++s) {
     if (op->sending_on[s] || op->receiving_on[s]) return;

@@ -348,6 +348,18 @@ void Reducer::Impl::join() {
   for (auto& t : threads) {
     if (t.joinable()) t.join();
   }
+  // Handlers still queued hold sessions and this Impl: drop our references
+  // to what lives on the contexts, then destroy the contexts, which destroys
+  // those handlers and with them the last references.
+  listener.reset();
+  sweep_timer.reset();
+  {
+    std::lock_guard lock(mu);
+    jobs.clear();
+    sessions.clear();
+  }
+  guards.clear();
+  contexts.clear();
 }
 
 Result<std::unique_ptr<Reducer>> Reducer::start(const ReducerOptions& options) {
