@@ -66,6 +66,7 @@ struct Op {
   std::vector<uint32_t> sending_on;    // by shard: sends the transport still reads
   std::vector<uint32_t> receiving_on;  // by shard: cancelled receives still being written
   bool failed = false;
+  bool finished = false;  // I/O thread's view; `done` below is the caller's
   Status failure;
   std::optional<asio::steady_timer> deadline;
   std::optional<asio::steady_timer> drain;
@@ -358,7 +359,7 @@ void Client::Impl::start_op(const std::shared_ptr<Op>& op) {
 }
 
 void Client::Impl::fail_op(std::shared_ptr<Op> op, const Status& status) {
-  if (op->failed || op->done) return;
+  if (op->failed || op->finished) return;
   op->failed = true;
   op->failure = status;
   if (op->deadline) op->deadline->cancel();
@@ -387,10 +388,10 @@ void Client::Impl::fail_op(std::shared_ptr<Op> op, const Status& status) {
     }
   }
   maybe_finish(op);
-  if (!op->done) {
+  if (!op->finished) {
     op->drain.emplace(io, kDrainGrace);
     op->drain->async_wait([this, op](const boost::system::error_code& ec) {
-      if (ec || op->done) return;
+      if (ec || op->finished) return;
       for (auto& link : links) {
         if (op->sending_on[link->shard()] || op->receiving_on[link->shard()]) {
           link->close(Status(ErrorCode::kTimeout,
@@ -404,18 +405,19 @@ void Client::Impl::fail_op(std::shared_ptr<Op> op, const Status& status) {
 }
 
 void Client::Impl::maybe_finish(std::shared_ptr<Op> op) {
-  if (op->done) return;
+  if (op->finished) return;
   for (size_t s = 0; s < links.size(); ++s) {
     if (op->sending_on[s] || op->receiving_on[s]) return;
   }
   if (!op->failed && op->results != (op->plan ? op->plan->chunk_count() : 0)) return;
-  op->done = true;
+  op->finished = true;
   if (op->failed) last_failure = op->failure;
   if (op->deadline) op->deadline->cancel();
   if (op->drain) op->drain->cancel();
   ops.erase(op->id);
   std::lock_guard lock(op->mu);
   op->final = op->failed ? op->failure : Status::ok();
+  op->done = true;
   op->cv.notify_all();
 }
 
