@@ -27,13 +27,15 @@ setup() {
 }
 
 # build DIR [cmake args...]: configure once, then build incrementally.
+# BUILD_TARGETS, if set, limits what is built.
 build() {
   local dir=$1
   shift
   if [ ! -f "$dir/build.ninja" ]; then
     cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >/dev/null
   fi
-  cmake --build "$dir" -- -j"$(nproc)"
+  # shellcheck disable=SC2086
+  cmake --build "$dir" ${BUILD_TARGETS:+--target $BUILD_TARGETS} -- -j"$(nproc)"
 }
 
 run_tests() {
@@ -50,7 +52,7 @@ case "$cmd" in
   build) setup; build build ;;
   bench)
     setup
-    build build >&2
+    BUILD_TARGETS="tally-bench tally-reducer" build build >&2
     exec build/bench/tally-bench "$@"
     ;;
   test)

@@ -6,6 +6,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <algorithm>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -291,8 +292,14 @@ void Reducer::Impl::remove(const std::shared_ptr<WorkerSession>& session,
       auto departures = job->departures();
       std::erase_if(departures, [](auto& d) { return d.second == "client closed"; });
       if (!departures.empty()) {
-        if (tombstones.size() >= kTombstonesKept) tombstones.erase(tombstones.begin());
-        tombstones[job->name()] = {std::chrono::steady_clock::now(), std::move(departures)};
+        const auto now = std::chrono::steady_clock::now();
+        std::erase_if(tombstones, [&](auto& t) { return now - t.second.ended >= kTombstoneLife; });
+        if (tombstones.size() >= kTombstonesKept) {
+          tombstones.erase(std::min_element(tombstones.begin(), tombstones.end(), [](auto& a, auto& b) {
+            return a.second.ended < b.second.ended;
+          }));
+        }
+        tombstones[job->name()] = {now, std::move(departures)};
       }
       spdlog::info("job '{}' has no workers left on shard {}", job->name(), options.shard);
     }

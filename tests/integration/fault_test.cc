@@ -463,5 +463,31 @@ TEST(Bench, SweepPrintsTheTableWithNoWrongResults) {
   std::filesystem::remove_all(dir);
 }
 
+// Driver mode against a pool that is already running (--pool), as on a
+// cluster; the bench starts no reducers of its own.
+TEST(Bench, RunsAgainstAGivenPool) {
+  PoolSpec spec;
+  spec.shards = 2;
+  TestCluster cluster(spec);
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  bench::ProcessSpec run;
+  run.path = TALLY_BENCH_PATH;
+  run.args = {"--pool", cluster.pool_string(), "-W", "2", "-b", "1K", "-e", "16K", "-f", "2",
+              "-w", "1", "-n", "2", "--chunk-bytes", "4K", "-d", "int64", "-o", "avg"};
+  run.env = {{"TALLY_REDUCER", "/nonexistent"}};  // proves no local pool is started
+  run.stdout_path = cluster.dir() + "/bench.out";
+  run.stderr_path = cluster.dir() + "/bench.err";
+  auto p = bench::Process::spawn(run);
+  ASSERT_TRUE(p) << p.status().to_string();
+  auto st = p->wait_for(60s);
+  const std::string out = read_file(cluster.dir() + "/bench.out");
+  ASSERT_TRUE(st.has_value());
+  EXPECT_EQ(*st, 0) << out << read_file(cluster.dir() + "/bench.err");
+  EXPECT_TRUE(contains(out, "W=2 S=2 G=1 chunk=4KiB")) << out;
+  EXPECT_TRUE(contains(out, "int64    avg")) << out;
+  EXPECT_TRUE(contains(out, "# Out of bounds values : 0 OK")) << out;
+  EXPECT_TRUE(contains(cluster.reducer_log(0), "joined")) << cluster.reducer_log(0);
+}
+
 }  // namespace
 }  // namespace tally::testing
