@@ -115,6 +115,7 @@ class ShardLink final : public FrameHandler, public std::enable_shared_from_this
 
   // Connects, says hello, resolves `welcomed` (I/O thread).
   void connect(Clock::time_point deadline) {
+    if (closing_) return settle(Status(ErrorCode::kCancelled, "client closed while connecting"));
     const auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
     if (left <= milliseconds(0)) {
       return settle(Status(ErrorCode::kTimeout, "could not reach reducer " + address_.to_string() +
@@ -131,12 +132,14 @@ class ShardLink final : public FrameHandler, public std::enable_shared_from_this
   std::future<Status> welcomed() { return welcomed_.get_future(); }
 
   void close(const Status& why) {
+    closing_ = true;
     if (conn_) conn_->close(why);
   }
 
   // Says goodbye, then closes once that is written (or at once if the
   // stream is stuck: close() drops what is queued).
   void leave(const std::string& reason, std::function<void()> done) {
+    closing_ = true;  // a connect still in progress must not open a stream now
     if (!conn_ || closed_) return done();
     wire::Control bye;
     bye.mutable_goodbye()->set_reason(reason);
@@ -192,6 +195,7 @@ class ShardLink final : public FrameHandler, public std::enable_shared_from_this
 
  private:
   void on_connected(Result<asio::ip::tcp::socket> r, Clock::time_point deadline) {
+    if (closing_) return settle(Status(ErrorCode::kCancelled, "client closed while connecting"));
     if (!r) {
       last_error_ = r.status().message();
       if (r.status().code() == ErrorCode::kUnavailable && Clock::now() + kConnectRetry < deadline) {
@@ -264,6 +268,7 @@ class ShardLink final : public FrameHandler, public std::enable_shared_from_this
   std::promise<Status> welcomed_;
   bool settled_ = false;
   bool closed_ = false;
+  bool closing_ = false;  // the client is going away: open nothing new
   std::optional<Status> fatal_;
   std::string last_error_;
 };
@@ -570,8 +575,10 @@ Client::~Client() {
       for (auto& link : im->links) link->close(Status(ErrorCode::kCancelled, "client closed"));
     });
   }
+  // Posted after the closes: run() returns even if a connect attempt or a
+  // timer is still pending; what is left is destroyed with the context.
+  asio::post(impl_->io, [io = &impl_->io] { io->stop(); });
   impl_->guard.reset();
-  // Streams close at once; their timers and reads end with them.
   if (impl_->thread.joinable()) impl_->thread.join();
   // Break the link <-> connection cycles of streams that never opened.
   impl_->links.clear();

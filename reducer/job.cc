@@ -23,7 +23,10 @@ struct ChunkState {
   std::shared_ptr<Slab> accumulator;
   bool accumulator_ready = false;
   std::vector<std::shared_ptr<Slab>> pending;
-  std::vector<uint8_t> seen;  // by rank: header accepted
+  std::vector<bool> seen;  // by rank: header accepted
+  // by rank: the stream that contributed, so a rank that rejoined on a new
+  // stream is not sent a sum it had no part in (compared, never dereferenced)
+  std::vector<const JobMember*> contributors;
   uint32_t added = 0;         // payloads summed (or parked)
   bool failed = false;
 };
@@ -75,13 +78,10 @@ Status Job::join(const std::shared_ptr<JobMember>& member) {
   return Status::ok();
 }
 
-bool Job::leave(const JobMember* member, const Status& why, bool goodbye) {
+void Job::leave(const JobMember* member, const Status& why, bool goodbye) {
   std::lock_guard lock(mu_);
   const uint32_t rank = member->rank();
-  auto none_left = [&] {
-    return std::none_of(members_.begin(), members_.end(), [](auto& m) { return m != nullptr; });
-  };
-  if (rank >= members_.size() || members_[rank].get() != member) return none_left();
+  if (rank >= members_.size() || members_[rank].get() != member) return;
   members_[rank] = nullptr;
   std::set<uint64_t> ops;
   if (goodbye) {
@@ -94,7 +94,7 @@ bool Job::leave(const JobMember* member, const Status& why, bool goodbye) {
                                                 ") left job '" + name() +
                                                 "' before contributing (it said: " + why.message() + ")");
     for (uint64_t op : ops) fail_op_locked(op, gone, {rank});
-    return none_left();
+    return;
   }
   const Status lost(ErrorCode::kPeerLost, "rank " + std::to_string(rank) + " (" + member->peer() +
                                               ") of job '" + name() + "' was lost: " + why.message());
@@ -104,7 +104,6 @@ bool Job::leave(const JobMember* member, const Status& why, bool goodbye) {
   }
   for (auto& [key, chunk] : chunks_) ops.insert(key.first);
   for (uint64_t op : ops) fail_op_locked(op, lost, {rank});
-  return none_left();
 }
 
 std::vector<std::shared_ptr<JobMember>> Job::members_locked() const {
@@ -168,7 +167,8 @@ PayloadAction Job::on_contribution_header(const std::shared_ptr<JobMember>& memb
     chunk->chunk = h.chunk;
     chunk->meta = h;
     chunk->created = Clock::now();
-    chunk->seen.assign(settings_.world_size, 0);
+    chunk->seen.assign(settings_.world_size, false);
+    chunk->contributors.assign(settings_.world_size, nullptr);
     chunks_.emplace(key, chunk);
   } else {
     chunk = it->second;
@@ -208,7 +208,8 @@ PayloadAction Job::on_contribution_header(const std::shared_ptr<JobMember>& memb
     if (auto m = weak.lock()) m->wake();
   });
   if (!slab) return PayloadAction::pause();
-  chunk->seen[h.rank] = 1;
+  chunk->seen[h.rank] = true;
+  chunk->contributors[h.rank] = member.get();
   pending.chunk = chunk;
   pending.owner = chunk->accumulator == nullptr;
   if (pending.owner) chunk->accumulator = slab;
@@ -253,7 +254,9 @@ void Job::finish(const std::shared_ptr<ChunkState>& chunk) {
     if (it == chunks_.end() || it->second != chunk) return;  // failed meanwhile
     chunks_.erase(it);
     straggler_logged_.erase(chunk->op);
-    members = members_locked();
+    for (uint32_t r = 0; r < members_.size(); ++r) {
+      if (members_[r] && members_[r].get() == chunk->contributors[r]) members.push_back(members_[r]);
+    }
   }
   // No other thread touches a chunk after it left the map and all payloads are in.
   std::shared_ptr<Slab> result = std::move(chunk->accumulator);
@@ -275,6 +278,11 @@ std::string Job::history_of(const std::vector<uint32_t>& ranks) const {
     if (it != settings_.history.end()) out += " (rank " + std::to_string(r) + " left earlier: " + it->second + ")";
   }
   return out;
+}
+
+bool Job::empty() const {
+  std::lock_guard lock(mu_);
+  return std::none_of(members_.begin(), members_.end(), [](auto& m) { return m != nullptr; });
 }
 
 std::map<uint32_t, std::string> Job::departures() const {

@@ -34,6 +34,8 @@ int main(int argc, char** argv) {
       ->envname("TALLY_MAX_CHUNK_BYTES")->capture_default_str()->transform(CLI::AsSizeValue(false));
   app.add_option("--window", options.window_chunks, "chunks a worker may have in flight per stream")
       ->envname("TALLY_WINDOW")->capture_default_str()->check(CLI::Range(1, 4096));
+  app.add_option("--max-world-size", options.max_world_size, "largest world size a job may declare")
+      ->envname("TALLY_MAX_WORLD_SIZE")->capture_default_str()->check(CLI::Range(1u, 1u << 24));
   app.add_option("--heartbeat-ms", heartbeat_ms, "heartbeat interval on idle streams")
       ->envname("TALLY_HEARTBEAT_MS")->capture_default_str()->check(CLI::Range(10, 600000));
   app.add_option("--peer-timeout-ms", peer_timeout_ms, "a stream silent this long is dead")

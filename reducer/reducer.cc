@@ -7,6 +7,7 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <algorithm>
+#include <atomic>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -59,6 +60,9 @@ struct Reducer::Impl : std::enable_shared_from_this<Reducer::Impl> {
     std::map<uint32_t, std::string> departures;
   };
   std::map<std::string, Tombstone> tombstones;
+  // Set once the I/O threads are joined: late callbacks (a slab freed while
+  // the contexts are destroyed) must not post to them any more.
+  std::atomic<bool> stopped{false};
   std::unordered_set<std::shared_ptr<WorkerSession>> sessions;
   bool stopping = false;
 
@@ -93,17 +97,20 @@ class WorkerSession final : public FrameHandler,
   uint32_t rank() const override { return rank_; }
   const std::string& peer() const override { return peer_; }
   void send_result(const FrameHeader& header, std::shared_ptr<Slab> slab) override {
+    if (reducer_->stopped) return;
     asio::post(conn_->executor(), [self = shared_from_this(), header, slab = std::move(slab)] {
       auto payload = slab->first(header.length);
       self->conn_->send(header, payload, [slab](const Status&) {});
     });
   }
   void send_control(std::shared_ptr<const wire::Control> message) override {
+    if (reducer_->stopped) return;
     asio::post(conn_->executor(), [self = shared_from_this(), message = std::move(message)] {
       self->conn_->send_control(*message);
     });
   }
   void wake() override {
+    if (reducer_->stopped) return;
     asio::post(conn_->executor(), [self = shared_from_this()] { self->conn_->resume(); });
   }
 
@@ -236,6 +243,11 @@ Result<std::shared_ptr<Job>> Reducer::Impl::admit(const wire::Hello& hello,
   if (hello.job().empty() || hello.job().size() > kMaxJobNameBytes) {
     return Status(ErrorCode::kInvalidArgument, "job name must have 1 to 256 bytes");
   }
+  if (hello.world_size() > options.max_world_size) {
+    return Status(ErrorCode::kInvalidArgument,
+                  "world size " + std::to_string(hello.world_size()) + " exceeds this reducer's maximum of " +
+                      std::to_string(options.max_world_size));
+  }
   if (hello.world_size() == 0 || hello.rank() >= hello.world_size()) {
     return Status(ErrorCode::kInvalidArgument,
                   "rank " + std::to_string(hello.rank()) + " is not below world size " +
@@ -275,17 +287,20 @@ Result<std::shared_ptr<Job>> Reducer::Impl::admit(const wire::Hello& hello,
       job = std::make_shared<Job>(std::move(settings), std::move(*quota), counters);
       jobs.emplace(hello.job(), job);
     }
+    // Joined under `mu`, so remove() cannot erase the job between finding
+    // and joining it (which would leave this rank in an orphaned job).
+    TALLY_RETURN_IF_ERROR(job->join(session));
   }
-  TALLY_RETURN_IF_ERROR(job->join(session));
   return job;
 }
 
 void Reducer::Impl::remove(const std::shared_ptr<WorkerSession>& session,
                            const std::shared_ptr<Job>& job, const Status& why, bool goodbye) {
-  bool empty = job && job->leave(session.get(), why, goodbye);
+  if (job) job->leave(session.get(), why, goodbye);
   std::lock_guard lock(mu);
   sessions.erase(session);
-  if (empty) {
+  // Checked again under `mu`: a rank may have joined since leave() returned.
+  if (job && job->empty()) {
     auto it = jobs.find(job->name());
     if (it != jobs.end() && it->second == job) {
       jobs.erase(it);
@@ -358,6 +373,7 @@ void Reducer::Impl::join() {
   // Handlers still queued hold sessions and this Impl: drop our references
   // to what lives on the contexts, then destroy the contexts, which destroys
   // those handlers and with them the last references.
+  stopped = true;
   listener.reset();
   sweep_timer.reset();
   {
@@ -390,6 +406,8 @@ Result<std::unique_ptr<Reducer>> Reducer::start(const ReducerOptions& options) {
   }
   auto impl = std::make_shared<Impl>();
   impl->options = options;
+  // A payload is read into one pool buffer: never accept a larger frame.
+  impl->options.connection.max_data_bytes = options.max_chunk_bytes;
   auto pool = SlabPool::create(options.max_chunk_bytes, slabs);
   if (!pool) return pool.status();
   impl->pool = *pool;

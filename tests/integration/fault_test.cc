@@ -336,6 +336,35 @@ TEST(Fault, OtherProtocolVersionGetsAClearError) {
   EXPECT_TRUE(contains(cluster.reducer_log(0), "protocol version 2")) << cluster.reducer_log(0);
 }
 
+// A Hello is untrusted: a huge world size must be refused, not allocated.
+TEST(Fault, HugeWorldSizeIsRefused) {
+  TestCluster cluster(PoolSpec{});
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  RawPeer peer(cluster.addresses()[0]);
+  peer.send_control(hello(unique_job("huge"), 0, 4294967295u));
+  std::string received;
+  EXPECT_TRUE(peer.closed_within(5s, &received));
+  EXPECT_TRUE(contains(received, "exceeds this reducer's maximum")) << received;
+  EXPECT_FALSE(cluster.reducer(0).wait_for(0ms).has_value());
+  expect_allreduce_works(cluster, 2, "after-huge");
+}
+
+// connect() fails fast on one shard's refusal while another shard is still
+// being retried; closing the client must not wait for that retry loop.
+TEST(Fault, FailedConnectReturnsWithoutWaitingForOtherShards) {
+  TestCluster cluster(PoolSpec{});
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  auto env = cluster.worker_env(unique_job("half-pool"), 0, 1);
+  env["TALLY_POOL"] = cluster.addresses()[0] + ",127.0.0.1:1";  // shard 0 says "1 shard"; port 1 refuses
+  env["TALLY_CONNECT_TIMEOUT_MS"] = "20000";
+  const auto t0 = std::chrono::steady_clock::now();
+  auto p = cluster.spawn_worker("w", {"--count", "10"}, env);
+  auto out = wait_worker(p, cluster, "w", 15s);
+  EXPECT_EQ(out.exit_code, 2) << out.out;
+  EXPECT_TRUE(contains(out.out, "shard order")) << out.out;
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+}
+
 TEST(Fault, DuplicateRankIsRefused) {
   TestCluster cluster(PoolSpec{});
   ASSERT_TRUE(cluster.ok()) << cluster.error();

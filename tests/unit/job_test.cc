@@ -248,6 +248,26 @@ TEST(Accumulator, GoodbyeFailsOnlyWhatStillNeedsTheRank) {
   EXPECT_TRUE(f.job->join(std::make_shared<RecordingMember>(1)).is_ok());
 }
 
+// A rank that contributed, left with a goodbye and rejoined on a new stream
+// must not be sent the old chunk's sum: its new client never asked for it.
+TEST(Accumulator, RejoinedRankIsNotSentASumFromItsPreviousStream) {
+  Fixture f(2);
+  PendingContribution p1, p0;
+  auto h1 = f.header(1, 4, 0, 8, 0, 32);
+  auto a1 = f.offer(h1, p1);
+  f.deliver(h1, p1, a1.dst);
+  f.job->leave(f.members[1].get(), Status(ErrorCode::kCancelled, "restarting"), /*goodbye=*/true);
+  auto rejoined = std::make_shared<RecordingMember>(1);
+  ASSERT_TRUE(f.job->join(rejoined).is_ok());
+  auto h0 = f.header(0, 4, 0, 8, 0, 32);
+  auto a0 = f.offer(h0, p0);
+  ASSERT_EQ(a0.kind, PayloadAction::Kind::kReceive);
+  f.deliver(h0, p0, a0.dst);
+  ASSERT_EQ(f.members[0]->results.size(), 1u);
+  EXPECT_EQ(f.members[0]->results[0].values[0], expected_sum(2, 0));
+  EXPECT_TRUE(rejoined->results.empty());
+}
+
 TEST(Accumulator, SweepTimesOutNamingMissingRanks) {
   Fixture f(3);
   PendingContribution p0;

@@ -100,9 +100,8 @@ class Job {
   // fails every unfinished chunk and the job itself, for the members that
   // remain (like an aborted NCCL communicator). A member that said goodbye
   // (`why` is then its stated reason) only fails the chunks still waiting
-  // for it, and later ops until its rank joins again. Returns true when no
-  // members are left.
-  bool leave(const JobMember* member, const Status& why, bool goodbye);
+  // for it, and later ops until its rank joins again.
+  void leave(const JobMember* member, const Status& why, bool goodbye);
 
   // A contribution's header from `member`: where its payload goes. Fills
   // `pending` on kReceive; kPause after registering the member's wake-up.
@@ -113,6 +112,8 @@ class Job {
   // Fails chunks older than the op timeout (naming the missing ranks) and
   // logs stragglers past half of it.
   void sweep(Clock::time_point now);
+  // Whether no member is connected.
+  bool empty() const;
   // Why ranks left this job (goodbye reasons and losses), for the next job
   // of the same name.
   std::map<uint32_t, std::string> departures() const;

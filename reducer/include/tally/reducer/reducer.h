@@ -26,6 +26,9 @@ struct ReducerOptions {
   // many buffers plus two (job.h explains why that cannot deadlock).
   uint32_t window_chunks = 8;
   ConnectionOptions connection;
+  // Largest world size a job may declare: a Hello is untrusted input, and
+  // per-job and per-chunk state grow with it.
+  uint32_t max_world_size = 65536;
   // Longest op timeout a worker may ask for.
   std::chrono::milliseconds max_op_timeout{3600 * 1000};
 };

@@ -54,7 +54,10 @@ class Slab {
   Slab(const Slab&) = delete;
   Slab& operator=(const Slab&) = delete;
   std::byte* data() const { return data_; }
-  std::span<std::byte> first(size_t n) const { return {data_, n}; }
+  std::span<std::byte> first(size_t n) const {
+    TALLY_CHECK_LE(n, bytes_);
+    return {data_, n};
+  }
 
  private:
   std::shared_ptr<SlabQuota> quota_;
