@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   size_t max_chunk = options.max_chunk_bytes;
   int64_t heartbeat_ms = options.connection.heartbeat_interval.count();
   int64_t peer_timeout_ms = options.connection.peer_timeout.count();
+  int64_t hello_timeout_ms = options.hello_timeout.count();
 
   CLI::App app{"tally-reducer: sums gradient chunks from training workers and streams the results back"};
   app.add_option("--listen", listen, "address to listen on, host:port (port 0 picks one)")
@@ -40,6 +41,8 @@ int main(int argc, char** argv) {
       ->envname("TALLY_HEARTBEAT_MS")->capture_default_str()->check(CLI::Range(10, 600000));
   app.add_option("--peer-timeout-ms", peer_timeout_ms, "a stream silent this long is dead")
       ->envname("TALLY_PEER_TIMEOUT_MS")->capture_default_str()->check(CLI::Range(100, 3600000));
+  app.add_option("--hello-timeout-ms", hello_timeout_ms, "a stream that has not said hello by then is closed")
+      ->envname("TALLY_HELLO_TIMEOUT_MS")->capture_default_str()->check(CLI::Range(100, 3600000));
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
       ->envname("TALLY_LOG_LEVEL")->capture_default_str();
   app.add_option("--ready-file", ready_file,
@@ -60,6 +63,7 @@ int main(int argc, char** argv) {
   options.max_chunk_bytes = max_chunk;
   options.connection.heartbeat_interval = std::chrono::milliseconds(heartbeat_ms);
   options.connection.peer_timeout = std::chrono::milliseconds(peer_timeout_ms);
+  options.hello_timeout = std::chrono::milliseconds(hello_timeout_ms);
   options.connection.max_data_bytes = max_chunk;
 
   // Signals are taken synchronously by this thread; the I/O threads inherit

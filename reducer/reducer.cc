@@ -84,7 +84,18 @@ class WorkerSession final : public FrameHandler,
   WorkerSession(std::shared_ptr<Reducer::Impl> reducer, std::shared_ptr<Connection> conn)
       : reducer_(std::move(reducer)), conn_(std::move(conn)), peer_(conn_->peer()) {}
 
-  void start() { conn_->start(shared_from_this()); }
+  // Starts reading; a stream that has not said hello within the hello
+  // timeout is closed (heartbeats alone do not keep it).
+  void start() {
+    conn_->start(shared_from_this());
+    hello_timer_.emplace(conn_->executor(), reducer_->options.hello_timeout);
+    hello_timer_->async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
+      if (ec || self->job_) return;
+      self->reject(Status(ErrorCode::kTimeout, "no hello from " + self->peer_ + " within " +
+                                                   std::to_string(self->reducer_->options.hello_timeout.count()) +
+                                                   " ms"));
+    });
+  }
   // Tells the worker why, then closes once that is written.
   void close(const Status& why) {
     asio::post(conn_->executor(), [self = shared_from_this(), why] {
@@ -167,6 +178,7 @@ class WorkerSession final : public FrameHandler,
 
   void on_closed(const Status& why) override {
     pending_.reset();
+    if (hello_timer_) hello_timer_->cancel();
     if (job_) {
       if (why.code() == ErrorCode::kCancelled || said_goodbye_) {
         spdlog::info("stream of job '{}' rank {} ({}) closed: {}", job_->name(), rank_, peer_,
@@ -224,6 +236,7 @@ class WorkerSession final : public FrameHandler,
   std::string goodbye_reason_;
   std::optional<std::pair<uint64_t, uint32_t>> last_key_;  // last contribution accepted
   PendingContribution pending_;
+  std::optional<asio::steady_timer> hello_timer_;
 };
 
 void Reducer::Impl::on_accept(asio::ip::tcp::socket socket) {

@@ -242,7 +242,8 @@ TEST(Fault, HalfPrecisionIsRefusedClearly) {
 
 TEST(Fault, GarbageAndHostileFramesCloseOnlyThatConnection) {
   PoolSpec spec;
-  spec.reducer_args.insert(spec.reducer_args.end(), {"--peer-timeout-ms", "800", "--heartbeat-ms", "200"});
+  spec.reducer_args.insert(spec.reducer_args.end(), {"--peer-timeout-ms", "800", "--heartbeat-ms", "200",
+                                                     "--hello-timeout-ms", "1500"});
   TestCluster cluster(spec);
   ASSERT_TRUE(cluster.ok()) << cluster.error();
   const std::string address = cluster.addresses()[0];
@@ -250,6 +251,21 @@ TEST(Fault, GarbageAndHostileFramesCloseOnlyThatConnection) {
   // A stalled peer that sends half a header is dropped by the peer timeout.
   RawPeer stalled(address);
   stalled.send("TALY", 4);
+  // A peer that keeps sending heartbeats but never says hello is dropped by
+  // the hello timeout.
+  RawPeer silent(address);
+  std::thread heartbeats([&] {
+    wire::Control hb;
+    hb.mutable_heartbeat()->set_sequence(1);
+    for (int i = 0; i < 12; ++i) {
+      try {
+        silent.send_control(hb);
+      } catch (const std::exception&) {
+        return;  // closed by the reducer, as expected
+      }
+      std::this_thread::sleep_for(200ms);
+    }
+  });
 
   {  // Plain garbage.
     RawPeer peer(address);
@@ -296,6 +312,8 @@ TEST(Fault, GarbageAndHostileFramesCloseOnlyThatConnection) {
     EXPECT_TRUE(peer.closed_within(5s));
   }
   EXPECT_TRUE(stalled.closed_within(5s));
+  heartbeats.join();
+  EXPECT_TRUE(silent.closed_within(5s));
   // The daemon is up and serves everyone else.
   EXPECT_FALSE(cluster.reducer(0).wait_for(0ms).has_value());
   expect_allreduce_works(cluster, 2, "after-garbage");
@@ -305,6 +323,7 @@ TEST(Fault, GarbageAndHostileFramesCloseOnlyThatConnection) {
   EXPECT_TRUE(contains(log, "malformed control message")) << log;
   EXPECT_TRUE(contains(log, "before its hello")) << log;
   EXPECT_TRUE(contains(log, "no data or heartbeat")) << log;
+  EXPECT_TRUE(contains(log, "no hello from")) << log;
 }
 
 TEST(Fault, OtherProtocolVersionGetsAClearError) {

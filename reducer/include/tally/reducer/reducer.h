@@ -29,6 +29,8 @@ struct ReducerOptions {
   // Largest world size a job may declare: a Hello is untrusted input, and
   // per-job and per-chunk state grow with it.
   uint32_t max_world_size = 65536;
+  // A stream that has not sent its hello by then is closed.
+  std::chrono::milliseconds hello_timeout{10000};
   // Longest op timeout a worker may ask for.
   std::chrono::milliseconds max_op_timeout{3600 * 1000};
 };
