@@ -57,17 +57,12 @@ TEST_P(AllreduceTest, EveryWorkerGetsTheExactSum) {
   spec.shards = c.shards;
   TestCluster cluster(spec);
   ASSERT_TRUE(cluster.ok()) << cluster.error();
-  const std::string job = unique_job("allreduce");
-  std::vector<bench::Process> workers;
+  WorkerGroup workers(cluster, "w", unique_job("allreduce"), c.workers, [&](uint32_t) {
+    return Args{"--count", std::to_string(c.count), "--dtype", c.dtype, "--op", c.redop, "--ops",
+                std::to_string(c.ops)};
+  });
   for (uint32_t r = 0; r < c.workers; ++r) {
-    workers.push_back(cluster.spawn_worker(
-        "w" + std::to_string(r),
-        {"--count", std::to_string(c.count), "--dtype", c.dtype, "--op", c.redop, "--ops",
-         std::to_string(c.ops)},
-        cluster.worker_env(job, r, c.workers)));
-  }
-  for (uint32_t r = 0; r < c.workers; ++r) {
-    WorkerOutput out = wait_worker(workers[r], cluster, "w" + std::to_string(r), std::chrono::seconds(60));
+    WorkerOutput out = workers.wait(r, std::chrono::seconds(60));
     EXPECT_EQ(out.exit_code, 0) << "rank " << r << ":\n" << out.out;
     EXPECT_NE(out.out.find("\nok\n"), std::string::npos) << out.out;
   }

@@ -95,14 +95,10 @@ wire::Control hello(const std::string& job, uint32_t rank, uint32_t world, uint3
 
 // Runs a normal all-reduce of W workers and expects success.
 void expect_allreduce_works(TestCluster& cluster, uint32_t workers, const std::string& tag) {
-  const std::string job = unique_job(tag);
-  std::vector<bench::Process> procs;
+  WorkerGroup group(cluster, tag, unique_job(tag), workers,
+                    [](uint32_t) { return Args{"--count", "1009", "--ops", "3"}; });
   for (uint32_t r = 0; r < workers; ++r) {
-    procs.push_back(cluster.spawn_worker(tag + std::to_string(r), {"--count", "1009", "--ops", "3"},
-                                         cluster.worker_env(job, r, workers)));
-  }
-  for (uint32_t r = 0; r < workers; ++r) {
-    auto out = wait_worker(procs[r], cluster, tag + std::to_string(r), 30s);
+    auto out = group.wait(r, 30s);
     EXPECT_EQ(out.exit_code, 0) << out.out;
   }
 }
@@ -112,27 +108,22 @@ TEST(Fault, KilledWorkerFailsTheOthersWithinTheDeadline) {
   spec.shards = 2;
   TestCluster cluster(spec);
   ASSERT_TRUE(cluster.ok()) << cluster.error();
-  const std::string job = unique_job("kill");
-  const uint32_t world = 3;
   const auto op_timeout = 4000ms;
-  std::vector<bench::Process> procs;
-  for (uint32_t r = 0; r < world; ++r) {
-    auto env = cluster.worker_env(job, r, world);
-    env["TALLY_OP_TIMEOUT_MS"] = std::to_string(op_timeout.count());
-    procs.push_back(cluster.spawn_worker("w" + std::to_string(r), {"--count", "9477", "--ops", "200000"}, env));
-  }
-  ASSERT_TRUE(eventually([&] { return contains(cluster.worker_stdout("w1"), "op 20 ok"); }, 30s))
-      << cluster.worker_stdout("w1");
-  procs[1].signal(SIGKILL);
+  WorkerGroup workers(cluster, "w", unique_job("kill"), 3,
+                      [](uint32_t) { return Args{"--count", "9477", "--ops", "200000"}; },
+                      {{"TALLY_OP_TIMEOUT_MS", std::to_string(op_timeout.count())}});
+  ASSERT_TRUE(eventually([&] { return contains(workers.stdout_of(1), "op 20 ok"); }, 30s))
+      << workers.stdout_of(1);
+  workers.process(1).signal(SIGKILL);
   const auto killed = std::chrono::steady_clock::now();
   for (uint32_t r : {0u, 2u}) {
-    auto out = wait_worker(procs[r], cluster, "w" + std::to_string(r), 2 * op_timeout);
+    auto out = workers.wait(r, 2 * op_timeout);
     const auto took = std::chrono::steady_clock::now() - killed;
     EXPECT_EQ(out.exit_code, 3) << out.out;
     EXPECT_TRUE(contains(out.out, "rank 1")) << out.out;
     EXPECT_LT(took, 2 * op_timeout) << out.out;
   }
-  EXPECT_EQ(procs[1].wait_for(1s).value_or(-1), 128 + SIGKILL);
+  EXPECT_EQ(workers.process(1).wait_for(1s).value_or(-1), 128 + SIGKILL);
   // The pool survives and serves a new job.
   for (uint32_t s = 0; s < 2; ++s) EXPECT_FALSE(cluster.reducer(s).wait_for(0ms).has_value());
   expect_allreduce_works(cluster, 2, "after-kill");
@@ -143,16 +134,12 @@ TEST(Fault, KilledReducerFailsEveryWorker) {
   spec.shards = 2;
   TestCluster cluster(spec);
   ASSERT_TRUE(cluster.ok()) << cluster.error();
-  const std::string job = unique_job("reducer-kill");
-  std::vector<bench::Process> procs;
-  for (uint32_t r = 0; r < 2; ++r) {
-    procs.push_back(cluster.spawn_worker("w" + std::to_string(r), {"--count", "9477", "--ops", "200000"},
-                                         cluster.worker_env(job, r, 2)));
-  }
-  ASSERT_TRUE(eventually([&] { return contains(cluster.worker_stdout("w0"), "op 20 ok"); }, 30s));
+  WorkerGroup workers(cluster, "w", unique_job("reducer-kill"), 2,
+                      [](uint32_t) { return Args{"--count", "9477", "--ops", "200000"}; });
+  ASSERT_TRUE(eventually([&] { return contains(workers.stdout_of(0), "op 20 ok"); }, 30s));
   cluster.kill_reducer(1, SIGKILL);
   for (uint32_t r = 0; r < 2; ++r) {
-    auto out = wait_worker(procs[r], cluster, "w" + std::to_string(r), 10s);
+    auto out = workers.wait(r, 10s);
     EXPECT_EQ(out.exit_code, 3) << out.out;
     EXPECT_TRUE(contains(out.out, "lost reducer")) << out.out;
     EXPECT_TRUE(contains(out.out, "shard 1")) << out.out;
@@ -162,24 +149,22 @@ TEST(Fault, KilledReducerFailsEveryWorker) {
 TEST(Fault, StragglerTimesOutNamingTheRank) {
   TestCluster cluster(PoolSpec{});
   ASSERT_TRUE(cluster.ok()) << cluster.error();
-  const std::string job = unique_job("straggler");
   const auto op_timeout = 1000ms;
-  std::vector<bench::Process> procs;
-  for (uint32_t r = 0; r < 2; ++r) {
-    auto env = cluster.worker_env(job, r, 2);
-    env["TALLY_OP_TIMEOUT_MS"] = std::to_string(op_timeout.count());
-    std::vector<std::string> args{"--count", "1009", "--ops", "2"};
-    if (r == 1) args.insert(args.end(), {"--stall-ms", "4000"});
-    procs.push_back(cluster.spawn_worker("w" + std::to_string(r), args, env));
-  }
-  auto out0 = wait_worker(procs[0], cluster, "w0", 10s);
+  WorkerGroup workers(cluster, "w", unique_job("straggler"), 2,
+                      [](uint32_t r) {
+                        Args args{"--count", "1009", "--ops", "2"};
+                        if (r == 1) args.insert(args.end(), {"--stall-ms", "4000"});
+                        return args;
+                      },
+                      {{"TALLY_OP_TIMEOUT_MS", std::to_string(op_timeout.count())}});
+  auto out0 = workers.wait(0, 10s);
   EXPECT_EQ(out0.exit_code, 3) << out0.out;
   EXPECT_TRUE(contains(out0.out, "timeout")) << out0.out;
   EXPECT_TRUE(contains(out0.out, "waiting for ranks [1]")) << out0.out;
   EXPECT_GE(error_ms(out0.out), op_timeout.count() - 100) << out0.out;
   EXPECT_LT(error_ms(out0.out), 2 * op_timeout.count()) << out0.out;
   // The straggler's late op is refused, not summed with nothing.
-  auto out1 = wait_worker(procs[1], cluster, "w1", 15s);
+  auto out1 = workers.wait(1, 15s);
   EXPECT_EQ(out1.exit_code, 3) << out1.out;
   EXPECT_TRUE(contains(cluster.reducer_log(0), "still waiting for ranks [1]")) << cluster.reducer_log(0);
 }
@@ -189,21 +174,19 @@ TEST(Fault, MismatchedSizesFailEveryRankNamingThem) {
   spec.shards = 2;
   TestCluster cluster(spec);
   ASSERT_TRUE(cluster.ok()) << cluster.error();
-  const std::string job = unique_job("mismatch");
   const auto op_timeout = 2000ms;
-  std::vector<bench::Process> procs;
-  for (uint32_t r = 0; r < 3; ++r) {
-    std::vector<std::string> args{"--count", "1009"};
-    if (r == 2) args.insert(args.end(), {"--count-override", "1010"});
-    auto env = cluster.worker_env(job, r, 3);
-    env["TALLY_OP_TIMEOUT_MS"] = std::to_string(op_timeout.count());
-    procs.push_back(cluster.spawn_worker("w" + std::to_string(r), args, env));
-  }
+  WorkerGroup workers(cluster, "w", unique_job("mismatch"), 3,
+                      [](uint32_t r) {
+                        Args args{"--count", "1009"};
+                        if (r == 2) args.insert(args.end(), {"--count-override", "1010"});
+                        return args;
+                      },
+                      {{"TALLY_OP_TIMEOUT_MS", std::to_string(op_timeout.count())}});
   // Every rank fails with the mismatch in its message: directly, or (for a
   // rank that joined after the others had failed and left) as the reason
   // its op timed out.
   for (uint32_t r = 0; r < 3; ++r) {
-    auto out = wait_worker(procs[r], cluster, "w" + std::to_string(r), 3 * op_timeout);
+    auto out = workers.wait(r, 3 * op_timeout);
     EXPECT_EQ(out.exit_code, 3) << out.out;
     EXPECT_TRUE(contains(out.out, "mismatch: ")) << out.out;
     EXPECT_TRUE(contains(out.out, "disagree")) << out.out;
@@ -215,15 +198,11 @@ TEST(Fault, MismatchedSizesFailEveryRankNamingThem) {
 TEST(Fault, MismatchedDtypeFailsEveryRank) {
   TestCluster cluster(PoolSpec{});
   ASSERT_TRUE(cluster.ok()) << cluster.error();
-  const std::string job = unique_job("dtype");
-  std::vector<bench::Process> procs;
+  WorkerGroup workers(cluster, "w", unique_job("dtype"), 2, [](uint32_t r) {
+    return Args{"--count", "512", "--dtype", r == 0 ? "float" : "int32"};
+  });
   for (uint32_t r = 0; r < 2; ++r) {
-    procs.push_back(cluster.spawn_worker("w" + std::to_string(r),
-                                         {"--count", "512", "--dtype", r == 0 ? "float" : "int32"},
-                                         cluster.worker_env(job, r, 2)));
-  }
-  for (uint32_t r = 0; r < 2; ++r) {
-    auto out = wait_worker(procs[r], cluster, "w" + std::to_string(r), 15s);
+    auto out = workers.wait(r, 15s);
     EXPECT_EQ(out.exit_code, 3) << out.out;
     EXPECT_TRUE(contains(out.out, "float")) << out.out;
     EXPECT_TRUE(contains(out.out, "int32")) << out.out;
@@ -447,15 +426,11 @@ TEST(Memory, TinyQuotaBackPressureStillGivesExactSums) {
                        "--io-threads", "2", "--log-level", "info"};
   TestCluster cluster(spec);
   ASSERT_TRUE(cluster.ok()) << cluster.error();
-  const std::string job = unique_job("tiny");
-  std::vector<bench::Process> procs;
+  WorkerGroup workers(cluster, "w", unique_job("tiny"), 8,
+                      [](uint32_t) { return Args{"--count", "40000", "--ops", "3"}; },
+                      {{"TALLY_CHUNK_BYTES", "4096"}});
   for (uint32_t r = 0; r < 8; ++r) {
-    auto env = cluster.worker_env(job, r, 8);
-    env["TALLY_CHUNK_BYTES"] = "4096";
-    procs.push_back(cluster.spawn_worker("w" + std::to_string(r), {"--count", "40000", "--ops", "3"}, env));
-  }
-  for (uint32_t r = 0; r < 8; ++r) {
-    auto out = wait_worker(procs[r], cluster, "w" + std::to_string(r), 60s);
+    auto out = workers.wait(r, 60s);
     EXPECT_EQ(out.exit_code, 0) << out.out;
   }
 }

@@ -94,6 +94,21 @@ std::string TestCluster::worker_stdout(const std::string& name) const {
   return read_file(dir_ + "/" + name + ".out");
 }
 
+WorkerGroup::WorkerGroup(TestCluster& cluster, const std::string& prefix, const std::string& job,
+                         uint32_t world, const std::function<Args(uint32_t)>& args_for,
+                         const std::map<std::string, std::string>& env)
+    : cluster_(cluster), prefix_(prefix) {
+  for (uint32_t r = 0; r < world; ++r) {
+    auto full_env = cluster.worker_env(job, r, world);
+    for (auto& [k, v] : env) full_env[k] = v;
+    procs_.push_back(cluster.spawn_worker(name(r), args_for(r), full_env));
+  }
+}
+
+WorkerOutput WorkerGroup::wait(uint32_t rank, std::chrono::milliseconds timeout) {
+  return wait_worker(procs_.at(rank), cluster_, name(rank), timeout);
+}
+
 WorkerOutput wait_worker(bench::Process& p, const TestCluster& cluster, const std::string& name,
                          std::chrono::milliseconds timeout) {
   WorkerOutput out;

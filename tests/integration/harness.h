@@ -64,6 +64,28 @@ class TestCluster {
   std::unique_ptr<bench::LocalPool> pool_;
 };
 
+using Args = std::vector<std::string>;
+
+// Ranks 0..world-1 of one job, as tally-test-worker processes named
+// "<prefix><rank>": each gets args_for(rank) and the job's environment with
+// `env` applied on top (for every rank).
+class WorkerGroup {
+ public:
+  WorkerGroup(TestCluster& cluster, const std::string& prefix, const std::string& job, uint32_t world,
+              const std::function<Args(uint32_t)>& args_for,
+              const std::map<std::string, std::string>& env = {});
+  bench::Process& process(uint32_t rank) { return procs_.at(rank); }
+  std::string name(uint32_t rank) const { return prefix_ + std::to_string(rank); }
+  std::string stdout_of(uint32_t rank) const { return cluster_.worker_stdout(name(rank)); }
+  // Waits for rank's exit (killing it at the deadline) and returns its output.
+  WorkerOutput wait(uint32_t rank, std::chrono::milliseconds timeout);
+
+ private:
+  TestCluster& cluster_;
+  std::string prefix_;
+  std::vector<bench::Process> procs_;
+};
+
 // Waits for a process; kills it at the deadline.
 WorkerOutput wait_worker(bench::Process& p, const TestCluster& cluster, const std::string& name,
                          std::chrono::milliseconds timeout);
