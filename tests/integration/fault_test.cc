@@ -93,6 +93,14 @@ wire::Control hello(const std::string& job, uint32_t rank, uint32_t world, uint3
   return m;
 }
 
+// Runs one single-rank worker with `env` over the job's environment, and
+// returns its output once it exits (or is killed at `timeout`).
+WorkerOutput run_one(TestCluster& cluster, const std::map<std::string, std::string>& env,
+                     std::chrono::milliseconds timeout) {
+  WorkerGroup one(cluster, "solo", unique_job("solo"), 1, [](uint32_t) { return Args{"--count", "10"}; }, env);
+  return one.wait(0, timeout);
+}
+
 // Runs a normal all-reduce of W workers and expects success.
 void expect_allreduce_works(TestCluster& cluster, uint32_t workers, const std::string& tag) {
   WorkerGroup group(cluster, tag, unique_job(tag), workers,
@@ -352,12 +360,12 @@ TEST(Fault, HugeWorldSizeIsRefused) {
 TEST(Fault, FailedConnectReturnsWithoutWaitingForOtherShards) {
   TestCluster cluster(PoolSpec{});
   ASSERT_TRUE(cluster.ok()) << cluster.error();
-  auto env = cluster.worker_env(unique_job("half-pool"), 0, 1);
-  env["TALLY_POOL"] = cluster.addresses()[0] + ",127.0.0.1:1";  // shard 0 says "1 shard"; port 1 refuses
-  env["TALLY_CONNECT_TIMEOUT_MS"] = "20000";
   const auto t0 = std::chrono::steady_clock::now();
-  auto p = cluster.spawn_worker("w", {"--count", "10"}, env);
-  auto out = wait_worker(p, cluster, "w", 15s);
+  // Shard 0 says the pool has 1 shard; nothing listens on port 1.
+  auto out = run_one(cluster,
+                     {{"TALLY_POOL", cluster.addresses()[0] + ",127.0.0.1:1"},
+                      {"TALLY_CONNECT_TIMEOUT_MS", "20000"}},
+                     15s);
   EXPECT_EQ(out.exit_code, 2) << out.out;
   EXPECT_TRUE(contains(out.out, "shard order")) << out.out;
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
@@ -383,10 +391,7 @@ TEST(Fault, PoolListedOutOfShardOrderIsRefused) {
   spec.shards = 2;
   TestCluster cluster(spec);
   ASSERT_TRUE(cluster.ok()) << cluster.error();
-  auto env = cluster.worker_env(unique_job("order"), 0, 1);
-  env["TALLY_POOL"] = cluster.addresses()[1] + "," + cluster.addresses()[0];
-  auto p = cluster.spawn_worker("w", {"--count", "10"}, env);
-  auto out = wait_worker(p, cluster, "w", 10s);
+  auto out = run_one(cluster, {{"TALLY_POOL", cluster.addresses()[1] + "," + cluster.addresses()[0]}}, 10s);
   EXPECT_EQ(out.exit_code, 2) << out.out;
   EXPECT_TRUE(contains(out.out, "shard order")) << out.out;
 }
@@ -394,12 +399,9 @@ TEST(Fault, PoolListedOutOfShardOrderIsRefused) {
 TEST(Fault, UnreachablePoolFailsWithinTheConnectTimeout) {
   TestCluster cluster(PoolSpec{});
   ASSERT_TRUE(cluster.ok()) << cluster.error();
-  auto env = cluster.worker_env(unique_job("unreachable"), 0, 1);
-  env["TALLY_POOL"] = "127.0.0.1:1";  // nothing listens on port 1
-  env["TALLY_CONNECT_TIMEOUT_MS"] = "700";
   const auto t0 = std::chrono::steady_clock::now();
-  auto p = cluster.spawn_worker("w", {"--count", "10"}, env);
-  auto out = wait_worker(p, cluster, "w", 10s);
+  // Nothing listens on port 1.
+  auto out = run_one(cluster, {{"TALLY_POOL", "127.0.0.1:1"}, {"TALLY_CONNECT_TIMEOUT_MS", "700"}}, 10s);
   EXPECT_EQ(out.exit_code, 2) << out.out;
   EXPECT_TRUE(contains(out.out, "127.0.0.1:1")) << out.out;
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
@@ -408,10 +410,7 @@ TEST(Fault, UnreachablePoolFailsWithinTheConnectTimeout) {
 TEST(Fault, BadEnvironmentIsNamed) {
   TestCluster cluster(PoolSpec{});
   ASSERT_TRUE(cluster.ok()) << cluster.error();
-  auto env = cluster.worker_env(unique_job("env"), 0, 1);
-  env["TALLY_RANK"] = "three";
-  auto p = cluster.spawn_worker("w", {"--count", "10"}, env);
-  auto out = wait_worker(p, cluster, "w", 10s);
+  auto out = run_one(cluster, {{"TALLY_RANK", "three"}}, 10s);
   EXPECT_EQ(out.exit_code, 2) << out.out;
   EXPECT_TRUE(contains(out.out, "TALLY_RANK")) << out.out;
 }
