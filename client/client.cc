@@ -65,6 +65,7 @@ struct Op {
   std::vector<uint8_t> got;            // by chunk: result written
   std::vector<uint32_t> sending_on;    // by shard: sends the transport still reads
   std::vector<uint32_t> receiving_on;  // by shard: cancelled receives still being written
+  std::vector<uint32_t> unanswered;    // by shard: chunks sent whose result has not come
   bool failed = false;
   bool finished = false;  // I/O thread's view; `done` below is the caller's
   Status failure;
@@ -292,6 +293,7 @@ void ShardLink::on_data(const FrameHeader& h, std::span<std::byte>) {
   }
   op->got[h.chunk] = 1;
   op->results++;
+  op->unanswered[shard_]--;
   inflight--;
   client_.pump(*this);
   client_.maybe_finish(op);
@@ -301,7 +303,6 @@ void Client::Impl::pump(ShardLink& link) {
   while (link.inflight < link.window && !link.queue.empty() && !link.closed()) {
     auto [op, index] = link.queue.front();
     link.queue.pop_front();
-    if (op->failed) continue;
     const ChunkExtent e = op->plan->chunk(index);
     FrameHeader h;
     h.kind = FrameKind::kContribution;
@@ -315,6 +316,7 @@ void Client::Impl::pump(ShardLink& link) {
     h.chunk = e.index;
     h.length = e.length;
     link.inflight++;
+    op->unanswered[link.shard()]++;
     op->sending_on[link.shard()]++;
     const uint32_t shard = link.shard();
     // A failed send always closes the stream, and on_closed fails the op
@@ -331,6 +333,7 @@ void Client::Impl::start_op(const std::shared_ptr<Op>& op) {
   const uint32_t shards = static_cast<uint32_t>(links.size());
   op->sending_on.assign(shards, 0);
   op->receiving_on.assign(shards, 0);
+  op->unanswered.assign(shards, 0);
   ops.emplace(op->id, op);
   if (broken) return fail_op(op, *broken);
   if (auto it = early_errors.find(op->id); it != early_errors.end()) {
@@ -379,16 +382,10 @@ void Client::Impl::fail_op(std::shared_ptr<Op> op, const Status& status) {
       }
     }
     // Chunks sent without a result give their window slot back; queued ones
-    // are skipped by pump.
+    // are never sent.
     for (auto& link : links) {
-      uint32_t released = 0;
-      for (uint64_t k = link->shard(); k < op->got.size(); k += links.size()) {
-        if (!op->got[k]) released++;
-      }
-      uint32_t queued = 0;
-      for (auto& [qop, index] : link->queue) queued += qop == op;
-      released -= queued;
-      link->inflight -= std::min(link->inflight, released);
+      link->inflight -= op->unanswered[link->shard()];
+      op->unanswered[link->shard()] = 0;
       std::erase_if(link->queue, [&](auto& entry) { return entry.first == op; });
     }
   }
