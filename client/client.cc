@@ -145,7 +145,7 @@ class ShardLink final : public FrameHandler, public std::enable_shared_from_this
     wire::Control bye;
     bye.mutable_goodbye()->set_reason(reason);
     conn_->send_control(bye, [conn = conn_, done](const Status&) {
-      conn->close(Status(ErrorCode::kCancelled, "client closed"));
+      conn->close(Status(ErrorCode::kCancelled, std::string(kCleanGoodbyeReason)));
       done();
     });
   }
@@ -559,7 +559,7 @@ Client::~Client() {
     auto remaining = std::make_shared<size_t>(im->links.size());
     // Other ranks quote this, so a failure seen here explains why we left.
     const std::string reason = im->last_failure ? "closed after: " + im->last_failure->to_string()
-                                                : "client closed";
+                                                : std::string(kCleanGoodbyeReason);
     for (auto& link : im->links) {
       link->leave(reason, [remaining, &left] {
         if (--*remaining == 0) left.set_value();
@@ -569,7 +569,7 @@ Client::~Client() {
   // A stream that cannot take its goodbye in time is closed without it.
   if (left.get_future().wait_for(milliseconds(2000)) != std::future_status::ready) {
     asio::post(impl_->io, [im = impl_.get()] {
-      for (auto& link : im->links) link->close(Status(ErrorCode::kCancelled, "client closed"));
+      for (auto& link : im->links) link->close(Status(ErrorCode::kCancelled, std::string(kCleanGoodbyeReason)));
     });
   }
   // Posted after the closes: run() returns even if a connect attempt or a

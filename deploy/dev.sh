@@ -39,10 +39,8 @@ build() {
 }
 
 run_tests() {
-  local dir=$1
-  shift
-  echo "== ctest in $dir" >&2
-  ctest --test-dir "$dir" --output-on-failure --no-tests=error -j"$(nproc)" "$@"
+  echo "== ctest in $1" >&2
+  ctest --test-dir "$1" --output-on-failure --no-tests=error -j"$(nproc)"
 }
 
 cmd=${1:-}

@@ -64,7 +64,6 @@ int main(int argc, char** argv) {
   options.connection.heartbeat_interval = std::chrono::milliseconds(heartbeat_ms);
   options.connection.peer_timeout = std::chrono::milliseconds(peer_timeout_ms);
   options.hello_timeout = std::chrono::milliseconds(hello_timeout_ms);
-  options.connection.max_data_bytes = max_chunk;
 
   // Signals are taken synchronously by this thread; the I/O threads inherit
   // the mask and never see them.

@@ -71,6 +71,9 @@ struct Reducer::Impl : std::enable_shared_from_this<Reducer::Impl> {
                                      const std::shared_ptr<WorkerSession>& session);
   void remove(const std::shared_ptr<WorkerSession>& session, const std::shared_ptr<Job>& job,
               const Status& why, bool goodbye);
+  // Keeps why `job`'s ranks left (unless all left cleanly) for its
+  // successor of the same name; mu held.
+  void remember_departures_locked(const Job& job);
   void arm_sweep();
   void stop();
   void join();
@@ -96,12 +99,9 @@ class WorkerSession final : public FrameHandler,
                                                    " ms"));
     });
   }
-  // Tells the worker why, then closes once that is written.
+  // Tells the worker why, then closes once that is written. Thread-safe.
   void close(const Status& why) {
-    asio::post(conn_->executor(), [self = shared_from_this(), why] {
-      self->conn_->send_control(make_error(why),
-                                [conn = self->conn_, why](const Status&) { conn->close(why); });
-    });
+    asio::post(conn_->executor(), [self = shared_from_this(), why] { self->close_with_error(why); });
   }
 
   // JobMember
@@ -199,6 +199,11 @@ class WorkerSession final : public FrameHandler,
   // Sends the error, then closes once it is written, so the peer reads why.
   void reject(const Status& why) {
     spdlog::warn("rejecting {}: {}", peer_, why.to_string());
+    close_with_error(why);
+  }
+
+  // On the stream's executor: send `why` as a fatal Error, close once written.
+  void close_with_error(const Status& why) {
     conn_->send_control(make_error(why), [conn = conn_, why](const Status&) { conn->close(why); });
   }
 
@@ -317,21 +322,24 @@ void Reducer::Impl::remove(const std::shared_ptr<WorkerSession>& session,
     auto it = jobs.find(job->name());
     if (it != jobs.end() && it->second == job) {
       jobs.erase(it);
-      auto departures = job->departures();
-      std::erase_if(departures, [](auto& d) { return d.second == "client closed"; });
-      if (!departures.empty()) {
-        const auto now = std::chrono::steady_clock::now();
-        std::erase_if(tombstones, [&](auto& t) { return now - t.second.ended >= kTombstoneLife; });
-        if (tombstones.size() >= kTombstonesKept) {
-          tombstones.erase(std::min_element(tombstones.begin(), tombstones.end(), [](auto& a, auto& b) {
-            return a.second.ended < b.second.ended;
-          }));
-        }
-        tombstones[job->name()] = {now, std::move(departures)};
-      }
+      remember_departures_locked(*job);
       spdlog::info("job '{}' has no workers left on shard {}", job->name(), options.shard);
     }
   }
+}
+
+void Reducer::Impl::remember_departures_locked(const Job& job) {
+  auto departures = job.departures();
+  std::erase_if(departures, [](auto& d) { return d.second == kCleanGoodbyeReason; });
+  if (departures.empty()) return;
+  const auto now = std::chrono::steady_clock::now();
+  std::erase_if(tombstones, [&](auto& t) { return now - t.second.ended >= kTombstoneLife; });
+  if (tombstones.size() >= kTombstonesKept) {
+    tombstones.erase(std::min_element(tombstones.begin(), tombstones.end(), [](auto& a, auto& b) {
+      return a.second.ended < b.second.ended;
+    }));
+  }
+  tombstones[job.name()] = {now, std::move(departures)};
 }
 
 void Reducer::Impl::arm_sweep() {

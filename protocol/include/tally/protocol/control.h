@@ -3,12 +3,17 @@
 
 #include <cstdint>
 #include <optional>
+#include <string_view>
 #include <vector>
 
 #include "tally.pb.h"
 #include "tally/protocol/status.h"
 
 namespace tally {
+
+// The Goodbye reason of a worker that closes with no failure to report;
+// reducers keep any other reason to explain later failures of the job.
+inline constexpr std::string_view kCleanGoodbyeReason = "client closed";
 
 // An Error control message for `status`; `op` makes it an op failure.
 wire::Control make_error(const Status& status, std::optional<uint64_t> op = std::nullopt,
