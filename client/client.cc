@@ -89,6 +89,8 @@ struct Client::Impl {
   asio::io_context io{1};
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> guard;
   std::thread thread;
+  // After `io`: endpoints are closed before the context they live on goes.
+  std::shared_ptr<Fabric> fabric;
   std::vector<std::shared_ptr<ShardLink>> links;
   std::mutex start_mu;
   std::atomic<uint64_t> next_op{0};
@@ -212,7 +214,8 @@ class ShardLink final : public FrameHandler, public std::enable_shared_from_this
     copts.max_data_bytes = client_.options.chunk_bytes;
     copts.heartbeat_interval = client_.options.heartbeat_interval;
     copts.peer_timeout = client_.options.peer_timeout;
-    conn_ = make_tcp_connection(std::move(*r), copts);
+    conn_ = client_.fabric ? client_.fabric->make_connection(std::move(*r), copts)
+                           : make_tcp_connection(std::move(*r), copts);
     conn_->start(shared_from_this());
     wire::Control hello;
     auto* h = hello.mutable_hello();
@@ -222,6 +225,11 @@ class ShardLink final : public FrameHandler, public std::enable_shared_from_this
     h->set_world_size(client_.options.world_size);
     h->set_op_timeout_ms(static_cast<uint32_t>(client_.options.op_timeout.count()));
     h->set_client_version(TALLY_VERSION);
+    if (Status s = conn_->describe_data_path(h->mutable_data_path()); !s.is_ok()) {
+      Status why = s.with_context("shard " + std::to_string(shard_));
+      settle(why);
+      return conn_->close(why);
+    }
     conn_->send_control(hello);
   }
 
@@ -247,6 +255,8 @@ class ShardLink final : public FrameHandler, public std::enable_shared_from_this
                        ", this client speaks " + std::to_string(kProtocolVersion));
     } else if (w.window_chunks() == 0) {
       bad = Status(ErrorCode::kProtocol, who + " offers a window of 0 chunks");
+    } else if (Status s = conn_->attach_data_path(w.data_path()); !s.is_ok()) {
+      bad = s.with_context(who);
     }
     if (!bad.is_ok()) {
       settle(bad);
@@ -465,6 +475,10 @@ Status validate(const ClientOptions& o) {
   if (o.heartbeat_interval.count() <= 0 || o.peer_timeout <= o.heartbeat_interval) {
     return bad("peer timeout must exceed the heartbeat interval");
   }
+  if (o.transport != "tcp" && o.transport != "fabric") {
+    return bad("transport must be 'tcp' or 'fabric', not '" + o.transport + "'");
+  }
+  if (o.transport == "fabric" && o.fabric.provider.empty()) return bad("fabric provider is empty");
   return Status::ok();
 }
 
@@ -516,6 +530,13 @@ Result<ClientOptions> client_options_from_env() {
     }
     n.set(*parsed);
   }
+  if (auto t = get("TALLY_TRANSPORT")) o.transport = *t;
+  if (auto p = get("TALLY_FABRIC_PROVIDER")) {
+    o.fabric.provider = *p;
+  } else if (auto fp = get("FI_PROVIDER")) {
+    o.fabric.provider = *fp;
+  }
+  if (auto f = get("TALLY_FABRIC_FORCE_REGISTRATION")) o.fabric.force_registration = (*f != "0");
   TALLY_RETURN_IF_ERROR(validate(o));
   return o;
 }
@@ -525,6 +546,11 @@ Result<std::unique_ptr<Client>> Client::connect(const ClientOptions& options) {
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   impl->job = job_id(options.job);
+  if (options.transport == "fabric") {
+    auto fabric = Fabric::open(options.fabric);
+    if (!fabric) return fabric.status().with_context("job '" + options.job + "' rank " + std::to_string(options.rank));
+    impl->fabric = *fabric;
+  }
   for (uint32_t s = 0; s < options.pool.size(); ++s) {
     impl->links.push_back(std::make_shared<ShardLink>(*impl, s, *parse_host_port(options.pool[s])));
   }
@@ -577,6 +603,7 @@ Client::~Client() {
   asio::post(impl_->io, [io = &impl_->io] { io->stop(); });
   impl_->guard.reset();
   if (impl_->thread.joinable()) impl_->thread.join();
+  if (impl_->fabric) impl_->fabric->close();
   // Break the link <-> connection cycles of streams that never opened.
   impl_->links.clear();
 }

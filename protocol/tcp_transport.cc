@@ -143,6 +143,18 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
   bool is_open() const override { return !closed_; }
   const std::string& peer() const override { return peer_; }
 
+  Status describe_data_path(wire::DataPath* out) override {
+    out->set_transport("tcp");
+    return Status::ok();
+  }
+
+  Status attach_data_path(const wire::DataPath& peer) override {
+    if (peer.transport().empty() || peer.transport() == "tcp") return Status::ok();
+    return Status(ErrorCode::kUnimplemented,
+                  "the peer asks for data path '" + peer.transport() +
+                      "' but this side serves only tcp (start the reducer with --transport fabric)");
+  }
+
  private:
   struct Outgoing {
     EncodedHeader header;

@@ -5,6 +5,7 @@
 
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 
 #include "tally/reducer/reducer.h"
@@ -43,6 +44,16 @@ int main(int argc, char** argv) {
       ->envname("TALLY_PEER_TIMEOUT_MS")->capture_default_str()->check(CLI::Range(100, 3600000));
   app.add_option("--hello-timeout-ms", hello_timeout_ms, "a stream that has not said hello by then is closed")
       ->envname("TALLY_HELLO_TIMEOUT_MS")->capture_default_str()->check(CLI::Range(100, 3600000));
+  app.add_option("--transport", options.transport,
+                 "tcp, or fabric to also serve workers on the libfabric data path")
+      ->envname("TALLY_TRANSPORT")->capture_default_str()->check(CLI::IsMember({"tcp", "fabric"}));
+  // FI_PROVIDER, libfabric's own variable, is the fallback default.
+  if (const char* fi = std::getenv("FI_PROVIDER"); fi && *fi) options.fabric.provider = fi;
+  app.add_option("--fabric-provider", options.fabric.provider, "libfabric provider for --transport fabric")
+      ->envname("TALLY_FABRIC_PROVIDER")->capture_default_str();
+  app.add_flag("--fabric-force-registration", options.fabric.force_registration,
+               "register buffers even where the provider does not ask (tests the registration path)")
+      ->envname("TALLY_FABRIC_FORCE_REGISTRATION");
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
       ->envname("TALLY_LOG_LEVEL")->capture_default_str();
   app.add_option("--ready-file", ready_file,

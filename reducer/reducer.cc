@@ -47,6 +47,7 @@ struct Reducer::Impl : std::enable_shared_from_this<Reducer::Impl> {
   std::vector<asio::executor_work_guard<asio::io_context::executor_type>> guards;
   std::vector<std::thread> threads;
   std::unique_ptr<TcpListener> listener;
+  std::shared_ptr<Fabric> fabric;  // with --transport fabric
   std::unique_ptr<asio::steady_timer> sweep_timer;
   std::shared_ptr<SlabPool> pool;
   ReducerCounters counters;
@@ -216,6 +217,7 @@ class WorkerSession final : public FrameHandler,
                                std::to_string(kProtocolVersion)));
     }
     rank_ = hello.rank();
+    if (Status s = conn_->attach_data_path(hello.data_path()); !s.is_ok()) return reject(s);
     auto job = reducer_->admit(hello, shared_from_this());
     if (!job) return reject(job.status());
     job_ = *job;
@@ -227,6 +229,7 @@ class WorkerSession final : public FrameHandler,
     w->set_max_chunk_bytes(reducer_->options.max_chunk_bytes);
     w->set_window_chunks(reducer_->options.window_chunks);
     w->set_reducer_version(TALLY_VERSION);
+    TALLY_CHECK(conn_->describe_data_path(w->mutable_data_path()).is_ok());  // attached above
     conn_->send_control(welcome);
     spdlog::info("rank {}/{} of job '{}' joined from {}", rank_, hello.world_size(), job_->name(),
                  peer_);
@@ -245,7 +248,8 @@ class WorkerSession final : public FrameHandler,
 };
 
 void Reducer::Impl::on_accept(asio::ip::tcp::socket socket) {
-  auto conn = make_tcp_connection(std::move(socket), options.connection);
+  auto conn = fabric ? fabric->make_connection(std::move(socket), options.connection)
+                     : make_tcp_connection(std::move(socket), options.connection);
   auto session = std::make_shared<WorkerSession>(shared_from_this(), conn);
   {
     std::lock_guard lock(mu);
@@ -391,6 +395,7 @@ void Reducer::Impl::join() {
   for (auto& t : threads) {
     if (t.joinable()) t.join();
   }
+  if (fabric) fabric->close();
   // Handlers still queued hold sessions and this Impl: drop our references
   // to what lives on the contexts, then destroy the contexts, which destroys
   // those handlers and with them the last references.
@@ -425,8 +430,19 @@ Result<std::unique_ptr<Reducer>> Reducer::start(const ReducerOptions& options) {
                       " bytes holds " + std::to_string(slabs) + " chunk buffers, a job needs " +
                       std::to_string(per_job) + " (window + 2)");
   }
+  if (options.transport != "tcp" && options.transport != "fabric") {
+    return Status(ErrorCode::kInvalidArgument, "transport must be 'tcp' or 'fabric'");
+  }
   auto impl = std::make_shared<Impl>();
   impl->options = options;
+  if (options.transport == "fabric") {
+    auto fabric = Fabric::open(options.fabric);
+    if (!fabric) return fabric.status();
+    impl->fabric = *fabric;
+    const FabricInfo fi = impl->fabric->info();
+    spdlog::info("fabric data path: provider {}, fabric {}, domain {}, memory registration {}",
+                 fi.provider, fi.fabric, fi.domain, fi.registration ? "on" : "off");
+  }
   // A payload is read into one pool buffer: never accept a larger frame.
   impl->options.connection.max_data_bytes = options.max_chunk_bytes;
   auto pool = SlabPool::create(options.max_chunk_bytes, slabs);

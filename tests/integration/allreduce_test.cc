@@ -37,7 +37,7 @@ std::string short_dtype(const std::string& d) {
 
 std::string name_of(const Case& c) {
   const size_t esize = dtype_size(*parse_dtype(c.dtype));
-  std::string name = "Tcp_W" + std::to_string(c.workers) + "_S" + std::to_string(c.shards) + "_G" +
+  std::string name = std::string(c.transport == "fabric" ? "Fabric" : "Tcp") + "_W" + std::to_string(c.workers) + "_S" + std::to_string(c.shards) + "_G" +
                      std::to_string(c.groups) + "_" + std::to_string(c.count * esize) + "B_" +
                      short_dtype(c.dtype);
   if (c.redop != "sum") name += "_" + c.redop;
@@ -53,8 +53,10 @@ class AllreduceTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(AllreduceTest, EveryWorkerGetsTheExactSum) {
   const Case& c = GetParam();
+  TALLY_SKIP_UNLESS_TRANSPORT(c.transport);
   PoolSpec spec;
   spec.shards = c.shards;
+  spec.transport = c.transport;
   TestCluster cluster(spec);
   ASSERT_TRUE(cluster.ok()) << cluster.error();
   WorkerGroup workers(cluster, "w", unique_job("allreduce"), c.workers, [&](uint32_t) {
@@ -66,6 +68,16 @@ TEST_P(AllreduceTest, EveryWorkerGetsTheExactSum) {
     EXPECT_EQ(out.exit_code, 0) << "rank " << r << ":\n" << out.out;
     EXPECT_NE(out.out.find("\nok\n"), std::string::npos) << out.out;
   }
+}
+
+// Every case runs over both transports.
+std::vector<Case> over_transports(const std::vector<Case>& tcp_cases) {
+  std::vector<Case> cases = tcp_cases;
+  for (Case c : tcp_cases) {
+    c.transport = "fabric";
+    cases.push_back(c);
+  }
+  return cases;
 }
 
 std::vector<Case> sweep() {
@@ -83,7 +95,7 @@ std::vector<Case> sweep() {
       }
     }
   }
-  return cases;
+  return over_transports(cases);
 }
 
 INSTANTIATE_TEST_SUITE_P(Sweep, AllreduceTest, ::testing::ValuesIn(sweep()), case_name);
@@ -113,7 +125,7 @@ std::vector<Case> types_and_ops() {
   large.shards = 3;
   large.count = 1000003;
   cases.push_back(large);
-  return cases;
+  return over_transports(cases);
 }
 
 INSTANTIATE_TEST_SUITE_P(TypesAndOps, AllreduceTest, ::testing::ValuesIn(types_and_ops()), case_name);

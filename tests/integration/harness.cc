@@ -10,6 +10,8 @@
 #include <sstream>
 #include <thread>
 
+#include "tally/protocol/fabric_transport.h"
+
 namespace tally::testing {
 
 namespace fs = std::filesystem;
@@ -25,6 +27,10 @@ TestCluster::TestCluster(const PoolSpec& spec) {
   options.shards = spec.shards;
   options.reducer_path = TALLY_REDUCER_PATH;
   options.extra_args = spec.reducer_args;
+  transport_ = spec.transport;
+  if (spec.transport != "tcp") {
+    options.extra_args.insert(options.extra_args.end(), {"--transport", spec.transport});
+  }
   options.log_dir = dir_;
   auto pool = bench::LocalPool::start(options);
   if (!pool) {
@@ -71,7 +77,18 @@ std::map<std::string, std::string> TestCluster::worker_env(const std::string& jo
           {"TALLY_WORLD_SIZE", std::to_string(world)},
           {"TALLY_CHUNK_BYTES", "1024"},
           {"TALLY_OP_TIMEOUT_MS", "20000"},
-          {"TALLY_CONNECT_TIMEOUT_MS", "10000"}};
+          {"TALLY_CONNECT_TIMEOUT_MS", "10000"},
+          {"TALLY_TRANSPORT", transport_}};
+}
+
+std::string transport_unavailable(const std::string& transport) {
+  if (transport != "fabric") return "";
+  // fi_getinfo once per test process: it takes a good part of a second.
+  static const std::string why = [] {
+    auto fabric = Fabric::open(FabricOptions{});
+    return fabric ? std::string() : "fabric transport unavailable: " + fabric.status().to_string();
+  }();
+  return why;
 }
 
 bench::Process TestCluster::spawn_worker(const std::string& name, const std::vector<std::string>& args,

@@ -19,6 +19,9 @@ namespace tally::testing {
 
 struct PoolSpec {
   uint32_t shards = 1;
+  // "tcp", or "fabric": reducers serve the libfabric data path and workers
+  // ask for it (TALLY_TRANSPORT).
+  std::string transport = "tcp";
   // Small buffers so a few KiB already make many chunks.
   std::vector<std::string> reducer_args{"--max-chunk-bytes", "4096", "--memory-budget", "1MiB",
                                         "--window", "4", "--io-threads", "2", "--log-level", "info"};
@@ -60,6 +63,7 @@ class TestCluster {
  private:
   std::string dir_;
   std::string error_;
+  std::string transport_;
   std::set<uint32_t> killed_;
   std::unique_ptr<bench::LocalPool> pool_;
 };
@@ -92,6 +96,16 @@ WorkerOutput wait_worker(bench::Process& p, const TestCluster& cluster, const st
 std::string read_file(const std::string& path);
 // Polls until `pred` holds or `timeout` passes; returns whether it held.
 bool eventually(const std::function<bool()>& pred, std::chrono::milliseconds timeout);
+// Why `transport` cannot run here ("" when it can): the fabric transport
+// needs a libfabric build and the default provider on this machine.
+std::string transport_unavailable(const std::string& transport);
+// Skips the current test, with the reason, when its transport cannot run.
+#define TALLY_SKIP_UNLESS_TRANSPORT(transport)                                    \
+  do {                                                                           \
+    const std::string tally_why_ = ::tally::testing::transport_unavailable(transport); \
+    if (!tally_why_.empty()) GTEST_SKIP() << tally_why_;                         \
+  } while (0)
+
 // A job name unique to this test and process.
 std::string unique_job(const std::string& hint);
 

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "tally/protocol/dtype.h"
+#include "tally/protocol/fabric_transport.h"
 #include "tally/protocol/status.h"
 
 namespace tally {
@@ -39,12 +40,17 @@ struct ClientOptions {
   std::chrono::milliseconds heartbeat_interval{1000};
   // A reducer stream silent this long is dead.
   std::chrono::milliseconds peer_timeout{10000};
+  // Data path: "tcp" (data frames on the TCP streams) or "fabric"
+  // (libfabric tagged messages; control stays on TCP). The pool must serve it.
+  std::string transport = "tcp";
+  FabricOptions fabric;
 };
 
 // Reads TALLY_POOL (comma-separated), TALLY_JOB, TALLY_RANK,
 // TALLY_WORLD_SIZE, and optionally TALLY_CHUNK_BYTES, TALLY_OP_TIMEOUT_MS,
-// TALLY_CONNECT_TIMEOUT_MS, TALLY_HEARTBEAT_MS, TALLY_PEER_TIMEOUT_MS
-// (docs/configuration.md). Errors: kInvalidArgument naming the variable.
+// TALLY_CONNECT_TIMEOUT_MS, TALLY_HEARTBEAT_MS, TALLY_PEER_TIMEOUT_MS,
+// TALLY_TRANSPORT, TALLY_FABRIC_PROVIDER (else FI_PROVIDER),
+// TALLY_FABRIC_FORCE_REGISTRATION (docs/configuration.md). Errors: kInvalidArgument naming the variable.
 Result<ClientOptions> client_options_from_env();
 // Checks the options; the same checks connect() applies.
 Status validate(const ClientOptions& options);

@@ -29,6 +29,7 @@
 namespace tally {
 namespace wire {
 class Control;
+class DataPath;
 }
 
 // Identifies a payload a receiver expects: the kind and (op, chunk) of a
@@ -113,6 +114,15 @@ class Connection {
   // posted receives are dropped, on_closed(reason) runs once.
   virtual void close(const Status& reason) = 0;
   virtual bool is_open() const = 0;
+  // The data path this side offers or uses, for a Hello or Welcome: "tcp"
+  // for a plain TCP stream, the endpoint's address for libfabric. May open
+  // the fabric endpoint (blocking, once per I/O thread and local address).
+  virtual Status describe_data_path(wire::DataPath* out) = 0;
+  // Adopts the data path the peer described, before any data frame flows.
+  // Errors: kUnimplemented when this side cannot serve that transport,
+  // kInvalidArgument for an unusable description, kUnavailable when the
+  // fabric endpoint cannot be opened.
+  virtual Status attach_data_path(const wire::DataPath& peer) = 0;
   // "host:port" of the peer, for messages.
   virtual const std::string& peer() const = 0;
 };

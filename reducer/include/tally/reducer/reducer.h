@@ -9,6 +9,7 @@
 #include <string>
 
 #include "tally/protocol/status.h"
+#include "tally/protocol/fabric_transport.h"
 #include "tally/protocol/tcp_transport.h"
 
 namespace tally {
@@ -26,6 +27,10 @@ struct ReducerOptions {
   // many buffers plus two (job.h explains why that cannot deadlock).
   uint32_t window_chunks = 8;
   ConnectionOptions connection;
+  // "tcp": data on the TCP streams only. "fabric": also serves workers that
+  // ask for the libfabric data path (tcp workers are still served).
+  std::string transport = "tcp";
+  FabricOptions fabric;
   // Largest world size a job may declare: a Hello is untrusted input, and
   // per-job and per-chunk state grow with it.
   uint32_t max_world_size = 65536;
