@@ -10,6 +10,7 @@ PACKAGES=(
   build-essential cmake ninja-build pkg-config git
   libboost-dev protobuf-compiler libprotobuf-dev libspdlog-dev libfmt-dev libcli11-dev
   libgtest-dev libgmock-dev
+  libfabric-dev libfabric-bin iproute2
 )
 
 setup() {
