@@ -9,8 +9,10 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
@@ -92,8 +94,8 @@ int run_worker(const SweepOptions& sweep) {
   const bool leader = client.rank() == 0;
   std::vector<Row> rows;
   if (leader) {
-    std::printf("# tally-bench %s (%s) transport=tcp W=%u S=%u G=1 chunk=%s\n", TALLY_VERSION,
-                TALLY_GIT_SHA, client.world_size(), client.shards(),
+    std::printf("# tally-bench %s (%s) transport=%s W=%u S=%u G=1 chunk=%s\n", TALLY_VERSION,
+                TALLY_GIT_SHA, options->transport.c_str(), client.world_size(), client.shards(),
                 human_bytes(options->chunk_bytes).c_str());
     std::printf("# reduction server: every worker sends and receives the buffer once, so busbw = algbw\n");
     std::printf("# warm-up %d, timed %d iterations; time is the mean over ranks; #wrong is checked "
@@ -155,7 +157,7 @@ int run_worker(const SweepOptions& sweep) {
     if (!sweep.json_path.empty()) {
       std::ofstream out(sweep.json_path);
       out << "{\n  \"tool\": \"tally-bench\",\n  \"version\": \"" << TALLY_VERSION
-          << "\",\n  \"git\": \"" << TALLY_GIT_SHA << "\",\n  \"transport\": \"tcp\",\n"
+          << "\",\n  \"git\": \"" << TALLY_GIT_SHA << "\",\n  \"transport\": \"" << options->transport << "\",\n"
           << "  \"workers\": " << client.world_size() << ",\n  \"shards\": " << client.shards()
           << ",\n  \"groups\": 1,\n  \"chunk_bytes\": " << options->chunk_bytes
           << ",\n  \"busbw_factor\": 1.0,\n  \"rows\": [\n";
@@ -181,6 +183,121 @@ int run_worker(const SweepOptions& sweep) {
   return exit_code;
 }
 
+
+// One transport's sweep from the driver: W worker processes against the
+// pool, and the CPU the reducers and the workers spent on it.
+struct Phase {
+  std::string transport;
+  std::string job;
+  std::string json_path;
+};
+
+// Bytes each worker sends (and receives) in a sweep: every size's check,
+// warm-up and timed all-reduces.
+double bytes_per_worker(const SweepOptions& sweep) {
+  const size_t esize = parse_dtype(sweep.dtype) ? dtype_size(*parse_dtype(sweep.dtype)) : 4;
+  double total = 0;
+  for (size_t bytes = sweep.min_bytes; bytes <= sweep.max_bytes;
+       bytes = sweep.factor > 1 ? bytes * sweep.factor : bytes + 1) {
+    const size_t b = bytes / esize * esize;
+    total += static_cast<double>(b) * ((sweep.check ? 1 : 0) + sweep.warmup + sweep.iters);
+    if (sweep.factor <= 1 && bytes == sweep.max_bytes) break;
+  }
+  return total;
+}
+
+double children_cpu_seconds() {
+  rusage ru{};
+  getrusage(RUSAGE_CHILDREN, &ru);
+  auto sec = [](const timeval& t) { return static_cast<double>(t.tv_sec) + t.tv_usec / 1e6; };
+  return sec(ru.ru_utime) + sec(ru.ru_stime);
+}
+
+int run_phase(const Phase& phase, const SweepOptions& sweep, const std::string& pool, uint32_t workers,
+              size_t chunk_bytes, int64_t op_timeout_ms, const std::string& fabric_provider,
+              const std::string& log_level, LocalPool* local,
+              std::chrono::steady_clock::time_point deadline) {
+  std::vector<std::string> args{"--worker", "-b", std::to_string(sweep.min_bytes), "-e",
+                                std::to_string(sweep.max_bytes), "-f", std::to_string(sweep.factor),
+                                "-w", std::to_string(sweep.warmup), "-n", std::to_string(sweep.iters),
+                                "-d", sweep.dtype, "-o", sweep.redop, "-c", sweep.check ? "1" : "0",
+                                "--log-level", log_level};
+  if (!phase.json_path.empty()) {
+    args.push_back("--json");
+    args.push_back(phase.json_path);
+  }
+  auto reducer_cpu = [&]() -> std::optional<double> {
+    if (!local) return std::nullopt;
+    double total = 0;
+    for (uint32_t s = 0; s < local->addresses().size(); ++s) {
+      auto c = process_cpu_seconds(local->reducer(s).pid());
+      if (!c) return std::nullopt;
+      total += *c;
+    }
+    return total;
+  };
+  const auto reducers_before = reducer_cpu();
+  const double workers_before = children_cpu_seconds();
+  std::vector<Process> procs;
+  for (uint32_t r = 0; r < workers; ++r) {
+    ProcessSpec spec;
+    spec.path = self_dir() + "/tally-bench";
+    spec.args = args;
+    spec.env = {{"TALLY_POOL", pool},
+                {"TALLY_JOB", phase.job},
+                {"TALLY_RANK", std::to_string(r)},
+                {"TALLY_WORLD_SIZE", std::to_string(workers)},
+                {"TALLY_CHUNK_BYTES", std::to_string(chunk_bytes)},
+                {"TALLY_OP_TIMEOUT_MS", std::to_string(op_timeout_ms)},
+                {"TALLY_TRANSPORT", phase.transport}};
+    if (!fabric_provider.empty()) spec.env["TALLY_FABRIC_PROVIDER"] = fabric_provider;
+    auto p = Process::spawn(spec);
+    if (!p) {
+      spdlog::error("{}", p.status().to_string());
+      return 2;
+    }
+    procs.push_back(std::move(*p));
+  }
+  int result = 0;
+  std::vector<bool> finished(procs.size(), false);
+  size_t left = procs.size();
+  while (left > 0) {
+    for (size_t r = 0; r < procs.size(); ++r) {
+      if (finished[r]) continue;
+      if (auto st = procs[r].wait_for(std::chrono::milliseconds(0))) {
+        finished[r] = true;
+        --left;
+        if (*st != 0) {
+          spdlog::error("worker rank {} exited with status {}", r, *st);
+          if (result == 0) result = *st == 3 ? 3 : 1;
+        }
+      }
+    }
+    if (left == 0) break;
+    if (std::chrono::steady_clock::now() > deadline) {
+      spdlog::error("the run passed its --timeout-s deadline; stopping the workers");
+      for (auto& p : procs) p.terminate(std::chrono::milliseconds(2000));
+      return 1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  // CPU per byte: what each side spent on the data it moved, whole sweep
+  // (checks and warm-up included), so transports compare on equal work.
+  const double gb = bytes_per_worker(sweep) * workers / 1e9;
+  const double worker_cpu = children_cpu_seconds() - workers_before;
+  const auto reducers_after = reducer_cpu();
+  if (reducers_before && reducers_after) {
+    const double rc = *reducers_after - *reducers_before;
+    std::printf("# cpu transport=%s: reducers %.2f s = %.2f s/GB received, workers %.2f s = %.2f s/GB sent (%.2f GB)\n#\n",
+                phase.transport.c_str(), rc, rc / gb, worker_cpu, worker_cpu / gb, gb);
+  } else {
+    std::printf("# cpu transport=%s: workers %.2f s = %.2f s/GB sent (%.2f GB); reducers not local\n#\n",
+                phase.transport.c_str(), worker_cpu, worker_cpu / gb, gb);
+  }
+  std::fflush(stdout);
+  return result;
+}
+
 }  // namespace
 }  // namespace tally::bench
 
@@ -199,6 +316,8 @@ int main(int argc, char** argv) {
   size_t memory_budget = 256u << 20;
   int64_t op_timeout_ms = 60000;
   int64_t timeout_s = 900;
+  std::string transport_list = "tcp";
+  std::string fabric_provider;
 
   CLI::App app{"tally-bench: all-reduce bandwidth sweeps through a tally reducer pool"};
   app.add_option("-b,--minbytes", sweep.min_bytes, "smallest size")->transform(CLI::AsSizeValue(false))->capture_default_str();
@@ -218,6 +337,10 @@ int main(int argc, char** argv) {
   app.add_option("--memory-budget", memory_budget, "chunk memory per local reducer")->transform(CLI::AsSizeValue(false))->capture_default_str();
   app.add_option("--op-timeout-ms", op_timeout_ms, "reducers fail an op not complete by then")->capture_default_str();
   app.add_option("--timeout-s", timeout_s, "the whole run's deadline")->capture_default_str();
+  app.add_option("--transport", transport_list,
+                 "tcp, fabric, or tcp,fabric to run both side by side against one pool")
+      ->capture_default_str();
+  app.add_option("--fabric-provider", fabric_provider, "libfabric provider (default: the reducers' and workers' own)");
   app.add_option("--job", job, "job name (default: bench-<pid>)");
   app.add_option("--log-level", log_level, "log level of bench and local reducers")->capture_default_str();
   app.add_flag("--worker", worker, "run as one rank, configured by TALLY_* (used by the driver and by launchers)");
@@ -230,6 +353,19 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (worker) return run_worker(sweep);
+  std::vector<std::string> transports;
+  for (std::string_view rest = transport_list; !rest.empty();) {
+    const auto comma = rest.find(',');
+    std::string t(rest.substr(0, comma));
+    if (t != "tcp" && t != "fabric") {
+      spdlog::error("--transport takes tcp, fabric or tcp,fabric, not '{}'", transport_list);
+      return 2;
+    }
+    transports.push_back(t);
+    if (comma == std::string_view::npos) break;
+    rest.remove_prefix(comma + 1);
+  }
+  const bool any_fabric = std::find(transports.begin(), transports.end(), "fabric") != transports.end();
 
   std::unique_ptr<LocalPool> local;
   if (pool.empty()) {
@@ -241,6 +377,9 @@ int main(int argc, char** argv) {
     lo.extra_args = {"--io-threads", std::to_string(io_threads), "--memory-budget",
                      std::to_string(budget), "--log-level", log_level,
                      "--max-chunk-bytes", std::to_string(max_chunk)};
+    // A fabric pool serves tcp workers too: one pool for a side-by-side run.
+    if (any_fabric) lo.extra_args.insert(lo.extra_args.end(), {"--transport", "fabric"});
+    if (!fabric_provider.empty()) lo.extra_args.insert(lo.extra_args.end(), {"--fabric-provider", fabric_provider});
     auto started = LocalPool::start(lo);
     if (!started) {
       spdlog::error("cannot start the local pool: {}", started.status().to_string());
@@ -250,56 +389,21 @@ int main(int argc, char** argv) {
     pool = local->pool_string();
   }
   if (job.empty()) job = "bench-" + std::to_string(getpid());
-  std::vector<Process> procs;
-  std::vector<std::string> args{"--worker", "-b", std::to_string(sweep.min_bytes), "-e",
-                                std::to_string(sweep.max_bytes), "-f", std::to_string(sweep.factor),
-                                "-w", std::to_string(sweep.warmup), "-n", std::to_string(sweep.iters),
-                                "-d", sweep.dtype, "-o", sweep.redop, "-c", sweep.check ? "1" : "0",
-                                "--log-level", log_level};
-  if (!sweep.json_path.empty()) {
-    args.push_back("--json");
-    args.push_back(sweep.json_path);
-  }
-  for (uint32_t r = 0; r < workers; ++r) {
-    ProcessSpec spec;
-    spec.path = self_dir() + "/tally-bench";
-    spec.args = args;
-    spec.env = {{"TALLY_POOL", pool},
-                {"TALLY_JOB", job},
-                {"TALLY_RANK", std::to_string(r)},
-                {"TALLY_WORLD_SIZE", std::to_string(workers)},
-                {"TALLY_CHUNK_BYTES", std::to_string(chunk_bytes)},
-                {"TALLY_OP_TIMEOUT_MS", std::to_string(op_timeout_ms)}};
-    auto p = Process::spawn(spec);
-    if (!p) {
-      spdlog::error("{}", p.status().to_string());
-      return 2;
-    }
-    procs.push_back(std::move(*p));
-  }
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
   int result = 0;
-  std::vector<bool> finished(procs.size(), false);
-  size_t left = procs.size();
-  while (left > 0) {
-    for (size_t r = 0; r < procs.size(); ++r) {
-      if (finished[r]) continue;
-      if (auto st = procs[r].wait_for(std::chrono::milliseconds(0))) {
-        finished[r] = true;
-        --left;
-        if (*st != 0) {
-          spdlog::error("worker rank {} exited with status {}", r, *st);
-          if (result == 0) result = *st == 3 ? 3 : 1;
-        }
-      }
+  for (const std::string& transport : transports) {
+    Phase phase;
+    phase.transport = transport;
+    phase.job = transports.size() > 1 ? job + "-" + transport : job;
+    phase.json_path = sweep.json_path;
+    if (transports.size() > 1 && !phase.json_path.empty()) {
+      const auto dot = phase.json_path.rfind('.');
+      phase.json_path.insert(dot == std::string::npos ? phase.json_path.size() : dot, "." + transport);
     }
-    if (left == 0) break;
-    if (std::chrono::steady_clock::now() > deadline) {
-      spdlog::error("the run took longer than {} s; stopping the workers", timeout_s);
-      for (auto& p : procs) p.terminate(std::chrono::milliseconds(2000));
-      return 1;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    const int r = run_phase(phase, sweep, pool, workers, chunk_bytes, op_timeout_ms, fabric_provider,
+                            log_level, local.get(), deadline);
+    if (r != 0 && result == 0) result = r;
+    if (r == 1 || r == 2) break;  // a failed run, not wrong numbers: stop here
   }
   return result;
 }

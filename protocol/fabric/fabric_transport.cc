@@ -471,6 +471,7 @@ class FabricConnection final : public Connection,
   }
 
   void resume() override {
+    if (mode_ != Mode::kFabric) return control_->resume();
     if (closed_ || !paused_) return;
     paused_ = false;
     take_headers();

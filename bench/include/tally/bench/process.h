@@ -45,6 +45,10 @@ class Process {
   std::optional<int> status_;
 };
 
+// User plus system CPU seconds a live process has used so far (from
+// /proc/<pid>/stat), or nullopt when it cannot be read.
+std::optional<double> process_cpu_seconds(pid_t pid);
+
 // The directory holding the running executable (to find sibling binaries).
 std::string self_dir();
 
