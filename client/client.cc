@@ -537,6 +537,11 @@ Result<ClientOptions> client_options_from_env() {
     o.fabric.provider = *fp;
   }
   if (auto f = get("TALLY_FABRIC_FORCE_REGISTRATION")) o.fabric.force_registration = (*f != "0");
+  if (auto m = get("TALLY_FABRIC_MAX_MSG_BYTES")) {
+    auto parsed = parse_u64("TALLY_FABRIC_MAX_MSG_BYTES", *m);
+    if (!parsed) return parsed.status();
+    o.fabric.max_msg_bytes = *parsed;
+  }
   TALLY_RETURN_IF_ERROR(validate(o));
   return o;
 }

@@ -54,6 +54,9 @@ int main(int argc, char** argv) {
   app.add_flag("--fabric-force-registration", options.fabric.force_registration,
                "register buffers even where the provider does not ask (tests the registration path)")
       ->envname("TALLY_FABRIC_FORCE_REGISTRATION");
+  app.add_option("--fabric-max-msg-bytes", options.fabric.max_msg_bytes,
+                 "split payloads into messages of at most this size (0: the provider's max_msg_size)")
+      ->envname("TALLY_FABRIC_MAX_MSG_BYTES")->capture_default_str()->transform(CLI::AsSizeValue(false));
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
       ->envname("TALLY_LOG_LEVEL")->capture_default_str();
   app.add_option("--ready-file", ready_file,

@@ -38,6 +38,7 @@
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <array>
+#include <algorithm>
 #include <cstring>
 #include <optional>
 #include <deque>
@@ -379,9 +380,9 @@ class FabricImpl final : public Fabric, public std::enable_shared_from_this<Fabr
     auto ep = Endpoint::open(options_, node, executor);
     if (!ep) return ep.status();
     endpoints_.emplace(key, *ep);
-    spdlog::info("fabric endpoint open: provider {}, bound to {}, registration {}",
+    spdlog::info("fabric endpoint open: provider {}, bound to {}, registration {}, max message {} bytes",
                  (*ep)->provider(), node.empty() ? "(provider default)" : node,
-                 (*ep)->registration() ? "on" : "off");
+                 (*ep)->registration() ? "on" : "off", (*ep)->max_msg_size());
     return *ep;
   }
 
@@ -519,6 +520,7 @@ class FabricConnection final : public Connection,
     out->set_provider(endpoint_->provider());
     out->set_address(endpoint_->address());
     out->set_stream_id(stream_);
+    out->set_max_message_bytes(endpoint_->max_msg_size());
     offered_ = true;
     return Status::ok();
   }
@@ -547,8 +549,13 @@ class FabricConnection final : public Connection,
     }
     auto addr = endpoint_->insert_peer(peer.address());
     if (!addr) return addr.status().with_context("fabric address of " + control_->peer());
+    if (peer.max_message_bytes() == 0) {
+      return Status(ErrorCode::kInvalidArgument, "no fabric max_message_bytes from " + control_->peer());
+    }
     peer_addr_ = *addr;
     peer_stream_ = peer.stream_id();
+    // Both sides cut payloads into the same pieces.
+    piece_bytes_ = std::min<uint64_t>(endpoint_->max_msg_size(), peer.max_message_bytes());
     mode_ = Mode::kFabric;
     for (uint64_t s = 0; s < kHeaderSlots; ++s) post_header(s);
     return Status::ok();
@@ -715,7 +722,7 @@ class FabricConnection final : public Connection,
     }
 
     const ReceiveKey key{header.kind, header.op, header.chunk};
-    const size_t piece_bytes = endpoint_->max_msg_size();
+    const size_t piece_bytes = piece_bytes_;
     const uint64_t pieces = piece_count(payload.size(), piece_bytes);
     if (pieces > kMaxPieces) {
       done(Status(ErrorCode::kInvalidArgument, "payload too large for this provider's max_msg_size"));
@@ -878,7 +885,7 @@ class FabricConnection final : public Connection,
   void post_payload(const ReceiveKey& key, Rx& rx) {
     rx.posted = true;
     if (rx.dst.empty()) return;  // nothing to receive; delivered with its header
-    const size_t piece_bytes = endpoint_->max_msg_size();
+    const size_t piece_bytes = piece_bytes_;
     const uint64_t pieces = piece_count(rx.dst.size(), piece_bytes);
     if (pieces > kMaxPieces) {
       return close(Status(ErrorCode::kInvalidArgument, "receive of " + std::to_string(rx.dst.size()) +
@@ -1016,6 +1023,7 @@ class FabricConnection final : public Connection,
   uint32_t stream_ = 0;       // ours: the peer tags what it sends us with it
   uint32_t peer_stream_ = 0;  // theirs
   fi_addr_t peer_addr_ = FI_ADDR_UNSPEC;
+  size_t piece_bytes_ = 0;    // payloads are cut into messages of this size
 
   uint64_t seq_out_ = 0;
   uint64_t seq_in_ = 0;
@@ -1080,6 +1088,7 @@ Result<std::shared_ptr<Endpoint>> Endpoint::open(const FabricOptions& options, c
   e->wait_.assign(fd);
   e->provider_ = i->fabric_attr->prov_name ? i->fabric_attr->prov_name : options.provider;
   e->max_msg_size_ = i->ep_attr->max_msg_size;
+  if (options.max_msg_bytes > 0) e->max_msg_size_ = std::min(e->max_msg_size_, options.max_msg_bytes);
   e->inject_size_ = i->tx_attr->inject_size;
   e->registration_ = options.force_registration || (i->domain_attr->mr_mode & FI_MR_LOCAL);
   e->mr_ = std::make_unique<MrCache>(e->domain_, (i->domain_attr->mr_mode & FI_MR_PROV_KEY) != 0);

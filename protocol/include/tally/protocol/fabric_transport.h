@@ -33,6 +33,10 @@ struct FabricOptions {
   // (mr_mode without FI_MR_LOCAL), so the registration path is exercised
   // on machines without RDMA hardware.
   bool force_registration = false;
+  // Split payloads into messages of at most this many bytes even where the
+  // provider's max_msg_size allows more (0: the provider's limit). Lets
+  // tests exercise splitting on providers whose limit is huge.
+  size_t max_msg_bytes = 0;
 };
 
 // True when this build has the libfabric transport (CMake TALLY_WITH_FABRIC).
