@@ -4,6 +4,7 @@
 
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
+#include <future>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <algorithm>
@@ -466,6 +467,31 @@ Result<std::unique_ptr<Reducer>> Reducer::start(const ReducerOptions& options) {
   impl->arm_sweep();
   for (auto& c : impl->contexts) {
     impl->threads.emplace_back([ctx = c.get()] { ctx->run(); });
+  }
+  if (impl->fabric) {
+    // Open every I/O thread's endpoint now, in parallel, so the first fabric
+    // Hello on a thread does not stall that thread's other streams. With a
+    // wildcard listen address the local IP is only known per connection.
+    boost::system::error_code ec;
+    const auto ip = asio::ip::make_address(impl->bound.host, ec);
+    if (!ec && !ip.is_unspecified()) {
+      std::vector<std::future<Status>> opened;
+      for (auto& c : impl->contexts) {
+        auto done = std::make_shared<std::promise<Status>>();
+        opened.push_back(done->get_future());
+        asio::post(*c, [impl, ctx = c.get(), done, host = impl->bound.host] {
+          done->set_value(impl->fabric->prepare_endpoint(ctx->get_executor(), host));
+        });
+      }
+      for (auto& f : opened) {
+        Status s = f.get();  // each open has fi_getinfo's own bounds
+        if (!s.is_ok()) {
+          impl->stop();
+          impl->join();
+          return s;
+        }
+      }
+    }
   }
   spdlog::info("tally-reducer {} ({}) shard {}/{} listening on {}: {} I/O threads, {} buffers of {} bytes",
                TALLY_VERSION, TALLY_GIT_SHA, options.shard, options.shard_count,

@@ -256,6 +256,8 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
 
   const std::string& address() const { return address_; }
   const std::string& provider() const { return provider_; }
+  std::string fabric_name() const { return info_->fabric_attr->name ? info_->fabric_attr->name : ""; }
+  std::string domain_name() const { return info_->domain_attr->name ? info_->domain_attr->name : ""; }
   size_t max_msg_size() const { return max_msg_size_; }
   size_t inject_size() const { return inject_size_; }
   bool registration() const { return registration_; }
@@ -368,6 +370,11 @@ class FabricImpl final : public Fabric, public std::enable_shared_from_this<Fabr
   std::shared_ptr<Connection> make_connection(tcp::socket socket,
                                               const ConnectionOptions& options) override;
 
+  Status prepare_endpoint(asio::any_io_executor executor, const std::string& local_ip) override {
+    auto ep = endpoint_for(executor, local_ip);
+    return ep ? Status::ok() : ep.status();
+  }
+
   // Opens (blocking, up to about a second) or reuses the endpoint for this
   // executor's context and local address. Thread-safe.
   Result<std::shared_ptr<Endpoint>> endpoint_for(asio::any_io_executor executor,
@@ -380,8 +387,9 @@ class FabricImpl final : public Fabric, public std::enable_shared_from_this<Fabr
     auto ep = Endpoint::open(options_, node, executor);
     if (!ep) return ep.status();
     endpoints_.emplace(key, *ep);
-    spdlog::info("fabric endpoint open: provider {}, bound to {}, registration {}, max message {} bytes",
-                 (*ep)->provider(), node.empty() ? "(provider default)" : node,
+    spdlog::info("fabric endpoint open: provider {}, fabric {}, domain {}, bound to {}, registration {}, max message {} bytes",
+                 (*ep)->provider(), (*ep)->fabric_name(), (*ep)->domain_name(),
+                 node.empty() ? "(provider default)" : node,
                  (*ep)->registration() ? "on" : "off", (*ep)->max_msg_size());
     return *ep;
   }

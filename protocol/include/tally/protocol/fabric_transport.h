@@ -70,6 +70,12 @@ class Fabric {
   virtual std::shared_ptr<Connection> make_connection(boost::asio::ip::tcp::socket socket,
                                                       const ConnectionOptions& options) = 0;
 
+  // Opens now the endpoint that connections on `executor` whose control
+  // socket is bound to `local_ip` will use, instead of at the first such
+  // connection (which would block that I/O thread for up to a second).
+  // Thread-safe; blocks. Errors: as for open().
+  virtual Status prepare_endpoint(boost::asio::any_io_executor executor, const std::string& local_ip) = 0;
+
   // Closes every endpoint and drops operations the provider never finished
   // (sends to dead peers). Call after the I/O threads have stopped and
   // before their io_contexts are destroyed. Idempotent.
