@@ -7,6 +7,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <cctype>
 #include <charconv>
 #include <condition_variable>
 #include <cstdlib>
@@ -16,6 +17,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <thread>
 #include <unordered_map>
 
@@ -536,7 +538,18 @@ Result<ClientOptions> client_options_from_env() {
   } else if (auto fp = get("FI_PROVIDER")) {
     o.fabric.provider = *fp;
   }
-  if (auto f = get("TALLY_FABRIC_FORCE_REGISTRATION")) o.fabric.force_registration = (*f != "0");
+  if (auto f = get("TALLY_FABRIC_FORCE_REGISTRATION")) {
+    // The spellings CLI11 accepts for the reducer's flag of the same name.
+    static const std::set<std::string> on{"1", "true", "on", "yes", "enable", "t", "y", "+"};
+    static const std::set<std::string> off{"0", "false", "off", "no", "disable", "f", "n", "-"};
+    std::string v = *f;
+    std::transform(v.begin(), v.end(), v.begin(), [](unsigned char c) { return std::tolower(c); });
+    if (!on.count(v) && !off.count(v)) {
+      return Status(ErrorCode::kInvalidArgument,
+                    "TALLY_FABRIC_FORCE_REGISTRATION='" + *f + "' is not a boolean (1/0, true/false, on/off, yes/no)");
+    }
+    o.fabric.force_registration = on.count(v) > 0;
+  }
   if (auto m = get("TALLY_FABRIC_MAX_MSG_BYTES")) {
     auto parsed = parse_u64("TALLY_FABRIC_MAX_MSG_BYTES", *m);
     if (!parsed) return parsed.status();

@@ -394,14 +394,14 @@ class FabricImpl final : public Fabric, public std::enable_shared_from_this<Fabr
     return *ep;
   }
 
-  void close() override {
-    std::map<std::pair<void*, std::string>, std::shared_ptr<Endpoint>> eps;
-    {
-      std::lock_guard lock(mu_);
-      closed_ = true;
-      eps.swap(endpoints_);
-    }
-    for (auto& [key, ep] : eps) ep->close();
+  void close() override;
+
+  // Every connection made, so close() can break the cycles of those still
+  // waiting for libfabric (owner <-> connection <-> TCP side).
+  void track(const std::shared_ptr<FabricConnection>& conn) {
+    std::lock_guard lock(mu_);
+    std::erase_if(connections_, [](const auto& w) { return w.expired(); });
+    connections_.push_back(conn);
   }
 
  private:
@@ -410,6 +410,7 @@ class FabricImpl final : public Fabric, public std::enable_shared_from_this<Fabr
   std::mutex mu_;
   bool closed_ = false;
   std::map<std::pair<void*, std::string>, std::shared_ptr<Endpoint>> endpoints_;
+  std::vector<std::weak_ptr<FabricConnection>> connections_;
 };
 
 // A peer stream: control on the wrapped TCP connection, data on the
@@ -422,12 +423,15 @@ class FabricConnection final : public Connection,
       : fabric_(std::move(fabric)),
         control_(std::move(control)),
         local_ip_(std::move(local_ip)),
+        executor_(control_->executor()),
+        peer_(control_->peer()),
         options_(options),
-        grace_(control_->executor()) {
+        grace_(control_->executor()),
+        watchdog_(control_->executor()) {
     limits_.max_data_bytes = options.max_data_bytes;
   }
 
-  asio::any_io_executor executor() override { return control_->executor(); }
+  asio::any_io_executor executor() override { return executor_; }
 
   void start(std::shared_ptr<FrameHandler> handler) override {
     handler_ = std::move(handler);
@@ -441,6 +445,10 @@ class FabricConnection final : public Connection,
   }
 
   void send_control(const wire::Control& message, SendDone done) override {
+    if (!control_) {  // abandoned at shutdown
+      if (done) done(close_reason_);
+      return;
+    }
     control_->send_control(message, std::move(done));
   }
 
@@ -459,6 +467,7 @@ class FabricConnection final : public Connection,
   }
 
   bool cancel_receive(const ReceiveKey& key) override {
+    if (!control_) return true;  // abandoned: nothing writes any buffer now
     if (mode_ != Mode::kFabric) return control_->cancel_receive(key);
     auto it = rx_.find(key);
     if (it == rx_.end()) return true;
@@ -480,6 +489,7 @@ class FabricConnection final : public Connection,
   }
 
   void resume() override {
+    if (!control_) return;
     if (mode_ != Mode::kFabric) return control_->resume();
     if (closed_ || !paused_) return;
     paused_ = false;
@@ -490,6 +500,7 @@ class FabricConnection final : public Connection,
     if (closed_) return;
     closed_ = true;
     close_reason_ = reason;
+    watchdog_.cancel();
     control_->close(reason);
     paused_ = true;  // take no more headers
     // Posts still waiting for -FI_EAGAIN to clear never reached libfabric.
@@ -519,9 +530,10 @@ class FabricConnection final : public Connection,
   }
 
   bool is_open() const override { return !closed_; }
-  const std::string& peer() const override { return control_->peer(); }
+  const std::string& peer() const override { return peer_; }
 
   Status describe_data_path(wire::DataPath* out) override {
+    if (!control_) return Status(ErrorCode::kCancelled, "connection abandoned at shutdown");
     if (mode_ == Mode::kTcp) return control_->describe_data_path(out);
     TALLY_RETURN_IF_ERROR(open_endpoint());
     out->set_transport("fabric");
@@ -534,10 +546,11 @@ class FabricConnection final : public Connection,
   }
 
   Status attach_data_path(const wire::DataPath& peer) override {
+    if (!control_) return Status(ErrorCode::kCancelled, "connection abandoned at shutdown");
     if (peer.transport().empty() || peer.transport() == "tcp") {
       if (offered_) {
         return Status(ErrorCode::kUnimplemented,
-                      control_->peer() + " answered with a tcp data path to a fabric hello "
+                      peer_ + " answered with a tcp data path to a fabric hello "
                                          "(start the pool with --transport fabric)");
       }
       mode_ = Mode::kTcp;
@@ -549,16 +562,16 @@ class FabricConnection final : public Connection,
     TALLY_RETURN_IF_ERROR(open_endpoint());
     if (peer.provider() != endpoint_->provider()) {
       return Status(ErrorCode::kInvalidArgument,
-                    "fabric provider mismatch: " + control_->peer() + " uses '" + peer.provider() +
+                    "fabric provider mismatch: " + peer_ + " uses '" + peer.provider() +
                         "', this side '" + endpoint_->provider() + "'");
     }
     if (peer.stream_id() == 0 || peer.stream_id() > 0xFFFF) {
-      return Status(ErrorCode::kInvalidArgument, "bad fabric stream id from " + control_->peer());
+      return Status(ErrorCode::kInvalidArgument, "bad fabric stream id from " + peer_);
     }
     auto addr = endpoint_->insert_peer(peer.address());
-    if (!addr) return addr.status().with_context("fabric address of " + control_->peer());
+    if (!addr) return addr.status().with_context("fabric address of " + peer_);
     if (peer.max_message_bytes() == 0) {
-      return Status(ErrorCode::kInvalidArgument, "no fabric max_message_bytes from " + control_->peer());
+      return Status(ErrorCode::kInvalidArgument, "no fabric max_message_bytes from " + peer_);
     }
     peer_addr_ = *addr;
     peer_stream_ = peer.stream_id();
@@ -566,17 +579,22 @@ class FabricConnection final : public Connection,
     piece_bytes_ = std::min<uint64_t>(endpoint_->max_msg_size(), peer.max_message_bytes());
     mode_ = Mode::kFabric;
     for (uint64_t s = 0; s < kHeaderSlots; ++s) post_header(s);
+    arm_watchdog();
     return Status::ok();
   }
 
-  // The endpoint is going away (process shutdown): forget every operation
-  // without calling back.
+  // The process is shutting down and the I/O threads have stopped: forget
+  // every operation and the handler without calling back, and let go of
+  // the TCP side, which breaks the owner <-> connection cycles.
   void abandon() {
+    closed_ = true;
+    finished_ = true;
     ops_.clear();
     pending_.clear();
     rx_.clear();
+    waiting_.clear();
     handler_.reset();
-    closed_ = true;
+    control_.reset();
   }
 
  private:
@@ -619,6 +637,7 @@ class FabricConnection final : public Connection,
     bool cancelled = false;
     bool discard = false;
     bool any_cancelled = false;  // some piece completed with FI_ECANCELED
+    std::chrono::steady_clock::time_point owed_since;  // when its header was taken
     std::vector<MrCache::Entry*> mrs;
   };
 
@@ -839,6 +858,7 @@ class FabricConnection final : public Connection,
         return false;
       }
       rx.header = h;
+      rx.owed_since = std::chrono::steady_clock::now();
       if (rx.cancelled) return true;  // settled when the cancel completes
       if (!rx.posted) post_payload(key, rx);
       if (rx.posted && rx.pieces_left == 0) deliver(key);
@@ -853,6 +873,7 @@ class FabricConnection final : public Connection,
         rx = Rx{};
         rx.dst = action.dst;
         rx.header = h;
+        rx.owed_since = std::chrono::steady_clock::now();
         await(key);
         post_payload(key, rx);
         if (rx.posted && rx.pieces_left == 0) deliver(key);
@@ -872,6 +893,36 @@ class FabricConnection final : public Connection,
     return false;
   }
 
+  // The control stream's heartbeats prove the peer process alive, not the
+  // fabric path: a payload that stops arriving after its header (a stalled
+  // rendezvous, a fabric-only partition) closes the stream after the peer
+  // timeout, as a stalled TCP stream would be.
+  void arm_watchdog() {
+    // Ticks of an eighth of the peer timeout notice a stall within 1.125x it.
+    watchdog_.expires_after(std::min<std::chrono::milliseconds>(options_.heartbeat_interval,
+                                                                options_.peer_timeout / 8));
+    watchdog_.async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
+      if (ec || self->closed_) return;
+      self->check_payloads();
+      if (!self->closed_) self->arm_watchdog();
+    });
+  }
+
+  void check_payloads() {
+    const auto now = std::chrono::steady_clock::now();
+    for (auto& [key, rx] : rx_) {
+      if (!rx.header || rx.cancelled || rx.pieces_left == 0) continue;
+      const auto since = std::max(rx.owed_since, last_payload_);
+      if (now - since > options_.peer_timeout) {
+        const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now - rx.owed_since).count();
+        return close(Status(ErrorCode::kPeerLost,
+                            "the payload of " + describe(*rx.header) + " from " + peer() +
+                                " has not arrived " + std::to_string(ms) +
+                                " ms after its header (fabric data path stalled)"));
+      }
+    }
+  }
+
   // A payload whose buffer the handler chose is taken before the next
   // header is offered: handlers see header, payload, header, ... as on TCP.
   void await(const ReceiveKey& key) {
@@ -886,6 +937,7 @@ class FabricConnection final : public Connection,
     rx.scratch.resize(h.length);
     rx.dst = rx.scratch;
     rx.header = h;
+    rx.owed_since = std::chrono::steady_clock::now();
     rx.discard = true;
     post_payload(key, rx);
   }
@@ -928,6 +980,7 @@ class FabricConnection final : public Connection,
     if (it == rx_.end()) return;  // closed meanwhile
     Rx& rx = it->second;
     std::erase(rx.ops, op);
+    last_payload_ = std::chrono::steady_clock::now();
     const bool cancelled_now = !s.is_ok() && s.code() == ErrorCode::kCancelled;
     if (!s.is_ok() && !cancelled_now && !closed_) {
       return close(s.with_context("receiving a payload from " + peer()));
@@ -1011,11 +1064,15 @@ class FabricConnection final : public Connection,
   }
 
   std::shared_ptr<FabricImpl> fabric_;
-  std::shared_ptr<Connection> control_;
+  std::shared_ptr<Connection> control_;  // null once abandoned
   std::string local_ip_;
+  asio::any_io_executor executor_;
+  std::string peer_;
   ConnectionOptions options_;
   FrameLimits limits_;
   asio::steady_timer grace_;
+  asio::steady_timer watchdog_;
+  std::chrono::steady_clock::time_point last_payload_;  // last payload piece completed
   std::shared_ptr<FrameHandler> handler_;
   std::shared_ptr<Endpoint> endpoint_;
   Mode mode_ = Mode::kUndecided;
@@ -1113,7 +1170,7 @@ void Endpoint::close() {
   if (wait_.is_open()) wait_.release();  // libfabric owns the fd
   std::set<std::shared_ptr<FabricConnection>> retry;
   retry.swap(retry_);
-  for (auto& c : retry) c->abandon();
+  retry.clear();
   // Close order: endpoint, registrations, AV, CQ, domain, fabric.
   if (ep_) fi_close(&ep_->fid);
   if (mr_) mr_->close();
@@ -1175,6 +1232,9 @@ bool Endpoint::drain_cq() {
       Status why;
       if (err.err == FI_ECANCELED) {
         why = Status(ErrorCode::kCancelled, "cancelled");
+      } else if (err.err == FI_ETRUNC) {
+        why = Status(ErrorCode::kProtocol, "truncated: a message longer than its header announced (" +
+                                               std::to_string(err.olen) + " bytes too many)");
       } else {
         char buf[256];
         const char* detail = fi_cq_strerror(cq_, err.prov_errno, err.err_data, buf, sizeof(buf));
@@ -1226,14 +1286,31 @@ void Endpoint::arm_wait() {
                    });
 }
 
+void FabricImpl::close() {
+  std::map<std::pair<void*, std::string>, std::shared_ptr<Endpoint>> eps;
+  std::vector<std::weak_ptr<FabricConnection>> conns;
+  {
+    std::lock_guard lock(mu_);
+    closed_ = true;
+    eps.swap(endpoints_);
+    conns.swap(connections_);
+  }
+  for (auto& [key, ep] : eps) ep->close();
+  for (auto& w : conns) {
+    if (auto c = w.lock()) c->abandon();
+  }
+}
+
 std::shared_ptr<Connection> FabricImpl::make_connection(tcp::socket socket,
                                                         const ConnectionOptions& options) {
   boost::system::error_code ec;
   auto local = socket.local_endpoint(ec);
   std::string ip = ec ? std::string() : local.address().to_string();
   auto control = make_tcp_connection(std::move(socket), options);
-  return std::make_shared<FabricConnection>(shared_from_this(), std::move(control), std::move(ip),
-                                            options);
+  auto conn = std::make_shared<FabricConnection>(shared_from_this(), std::move(control), std::move(ip),
+                                                 options);
+  track(conn);
+  return conn;
 }
 
 }  // namespace

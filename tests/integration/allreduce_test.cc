@@ -25,6 +25,7 @@ struct Case {
   std::string dtype = "float";
   std::string redop = "sum";
   int ops = 1;
+  uint64_t chunk_bytes = 1024;  // the workers' TALLY_CHUNK_BYTES
 };
 
 std::string short_dtype(const std::string& d) {
@@ -42,6 +43,7 @@ std::string name_of(const Case& c) {
                      short_dtype(c.dtype);
   if (c.redop != "sum") name += "_" + c.redop;
   if (c.ops > 1) name += "_x" + std::to_string(c.ops);
+  if (c.chunk_bytes != 1024) name += "_chunk" + std::to_string(c.chunk_bytes);
   return name;
 }
 
@@ -57,12 +59,22 @@ TEST_P(AllreduceTest, EveryWorkerGetsTheExactSum) {
   PoolSpec spec;
   spec.shards = c.shards;
   spec.transport = c.transport;
+  if (c.chunk_bytes > 4096) {
+    // Chunks this large need a larger limit; the budget holds eight jobs'
+    // worth of buffers (window + 2 each), so the three workers never wait.
+    spec.reducer_args = {"--max-chunk-bytes", std::to_string(c.chunk_bytes), "--memory-budget",
+                         std::to_string(8 * (4 + 2) * c.chunk_bytes), "--window", "4", "--io-threads", "2",
+                         "--log-level", "info"};
+  }
   TestCluster cluster(spec);
   ASSERT_TRUE(cluster.ok()) << cluster.error();
-  WorkerGroup workers(cluster, "w", unique_job("allreduce"), c.workers, [&](uint32_t) {
-    return Args{"--count", std::to_string(c.count), "--dtype", c.dtype, "--op", c.redop, "--ops",
-                std::to_string(c.ops)};
-  });
+  WorkerGroup workers(
+      cluster, "w", unique_job("allreduce"), c.workers,
+      [&](uint32_t) {
+        return Args{"--count", std::to_string(c.count), "--dtype", c.dtype, "--op", c.redop, "--ops",
+                    std::to_string(c.ops)};
+      },
+      {{"TALLY_CHUNK_BYTES", std::to_string(c.chunk_bytes)}});
   for (uint32_t r = 0; r < c.workers; ++r) {
     WorkerOutput out = workers.wait(r, std::chrono::seconds(60));
     EXPECT_EQ(out.exit_code, 0) << "rank " << r << ":\n" << out.out;
@@ -125,6 +137,17 @@ std::vector<Case> types_and_ops() {
   large.shards = 3;
   large.count = 1000003;
   cases.push_back(large);
+  // Large chunks: single messages far past the provider's eager size
+  // (rendezvous on tcp;ofi_rxm), with a chunk that ends short.
+  for (uint64_t chunk : {uint64_t{256} << 10, uint64_t{1} << 20}) {
+    Case big = large;
+    big.workers = 3;
+    big.shards = 2;
+    big.count = 1000003;
+    big.ops = 2;
+    big.chunk_bytes = chunk;
+    cases.push_back(big);
+  }
   return over_transports(cases);
 }
 

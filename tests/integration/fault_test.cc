@@ -1,6 +1,9 @@
 // Failures through real processes: a killed worker, a killed reducer, a
 // straggler, mismatched contributions, hostile bytes, refused joins. Each
 // asserts the error the survivors see and how long they took to see it.
+// The ones that move data run over both transports (TransportFault,
+// TransportMemory; names end in /Tcp and /Fabric); the ones about TCP framing
+// or joining stay on TCP.
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -27,8 +30,6 @@ namespace {
 namespace asio = boost::asio;
 using asio::ip::tcp;
 using namespace std::chrono_literals;
-
-bool contains(const std::string& s, const std::string& what) { return s.find(what) != std::string::npos; }
 
 // Milliseconds printed by tally-test-worker in "error after N ms ...".
 long long error_ms(const std::string& out) {
@@ -101,20 +102,24 @@ WorkerOutput run_one(TestCluster& cluster, const std::map<std::string, std::stri
   return one.wait(0, timeout);
 }
 
-// Runs a normal all-reduce of W workers and expects success.
-void expect_allreduce_works(TestCluster& cluster, uint32_t workers, const std::string& tag) {
-  WorkerGroup group(cluster, tag, unique_job(tag), workers,
-                    [](uint32_t) { return Args{"--count", "1009", "--ops", "3"}; });
-  for (uint32_t r = 0; r < workers; ++r) {
-    auto out = group.wait(r, 30s);
-    EXPECT_EQ(out.exit_code, 0) << out.out;
+// Fault tests that move data: value-parametrised over the transport.
+class TransportFault : public ::testing::TestWithParam<std::string> {
+ protected:
+  PoolSpec pool(uint32_t shards) const {
+    PoolSpec spec;
+    spec.shards = shards;
+    spec.transport = GetParam();
+    return spec;
   }
+};
+
+std::string transport_name(const ::testing::TestParamInfo<std::string>& info) {
+  return info.param == "fabric" ? "Fabric" : "Tcp";
 }
 
-TEST(Fault, KilledWorkerFailsTheOthersWithinTheDeadline) {
-  PoolSpec spec;
-  spec.shards = 2;
-  TestCluster cluster(spec);
+TEST_P(TransportFault, KilledWorkerFailsTheOthersWithinTheDeadline) {
+  TALLY_SKIP_UNLESS_TRANSPORT(GetParam());
+  TestCluster cluster(pool(2));
   ASSERT_TRUE(cluster.ok()) << cluster.error();
   const auto op_timeout = 4000ms;
   WorkerGroup workers(cluster, "w", unique_job("kill"), 3,
@@ -137,25 +142,33 @@ TEST(Fault, KilledWorkerFailsTheOthersWithinTheDeadline) {
   expect_allreduce_works(cluster, 2, "after-kill");
 }
 
-TEST(Fault, KilledReducerFailsEveryWorker) {
-  PoolSpec spec;
-  spec.shards = 2;
-  TestCluster cluster(spec);
+TEST_P(TransportFault, KilledReducerFailsEveryWorker) {
+  TALLY_SKIP_UNLESS_TRANSPORT(GetParam());
+  TestCluster cluster(pool(2));
   ASSERT_TRUE(cluster.ok()) << cluster.error();
+  const auto op_timeout = 4000ms;
   WorkerGroup workers(cluster, "w", unique_job("reducer-kill"), 2,
-                      [](uint32_t) { return Args{"--count", "9477", "--ops", "200000"}; });
-  ASSERT_TRUE(eventually([&] { return contains(workers.stdout_of(0), "op 20 ok"); }, 30s));
+                      [](uint32_t) { return Args{"--count", "9477", "--ops", "200000"}; },
+                      {{"TALLY_OP_TIMEOUT_MS", std::to_string(op_timeout.count())}});
+  ASSERT_TRUE(eventually([&] { return contains(workers.stdout_of(0), "op 20 ok"); }, 30s))
+      << workers.stdout_of(0);
   cluster.kill_reducer(1, SIGKILL);
+  const auto killed = std::chrono::steady_clock::now();
   for (uint32_t r = 0; r < 2; ++r) {
-    auto out = workers.wait(r, 10s);
+    auto out = workers.wait(r, 2 * op_timeout);
+    const auto took = std::chrono::steady_clock::now() - killed;
     EXPECT_EQ(out.exit_code, 3) << out.out;
-    EXPECT_TRUE(contains(out.out, "lost reducer")) << out.out;
+    EXPECT_TRUE(contains(out.out, "lost reducer " + cluster.addresses()[1])) << out.out;
     EXPECT_TRUE(contains(out.out, "shard 1")) << out.out;
+    EXPECT_LT(took, 2 * op_timeout) << out.out;
   }
+  // The surviving shard is still up.
+  EXPECT_FALSE(cluster.reducer(0).wait_for(0ms).has_value());
 }
 
-TEST(Fault, StragglerTimesOutNamingTheRank) {
-  TestCluster cluster(PoolSpec{});
+TEST_P(TransportFault, StragglerTimesOutNamingTheRank) {
+  TALLY_SKIP_UNLESS_TRANSPORT(GetParam());
+  TestCluster cluster(pool(1));
   ASSERT_TRUE(cluster.ok()) << cluster.error();
   const auto op_timeout = 1000ms;
   WorkerGroup workers(cluster, "w", unique_job("straggler"), 2,
@@ -177,10 +190,9 @@ TEST(Fault, StragglerTimesOutNamingTheRank) {
   EXPECT_TRUE(contains(cluster.reducer_log(0), "still waiting for ranks [1]")) << cluster.reducer_log(0);
 }
 
-TEST(Fault, MismatchedSizesFailEveryRankNamingThem) {
-  PoolSpec spec;
-  spec.shards = 2;
-  TestCluster cluster(spec);
+TEST_P(TransportFault, MismatchedSizesFailEveryRankNamingThem) {
+  TALLY_SKIP_UNLESS_TRANSPORT(GetParam());
+  TestCluster cluster(pool(2));
   ASSERT_TRUE(cluster.ok()) << cluster.error();
   const auto op_timeout = 2000ms;
   WorkerGroup workers(cluster, "w", unique_job("mismatch"), 3,
@@ -203,8 +215,9 @@ TEST(Fault, MismatchedSizesFailEveryRankNamingThem) {
   }
 }
 
-TEST(Fault, MismatchedDtypeFailsEveryRank) {
-  TestCluster cluster(PoolSpec{});
+TEST_P(TransportFault, MismatchedDtypeFailsEveryRank) {
+  TALLY_SKIP_UNLESS_TRANSPORT(GetParam());
+  TestCluster cluster(pool(1));
   ASSERT_TRUE(cluster.ok()) << cluster.error();
   WorkerGroup workers(cluster, "w", unique_job("dtype"), 2, [](uint32_t r) {
     return Args{"--count", "512", "--dtype", r == 0 ? "float" : "int32"};
@@ -216,6 +229,75 @@ TEST(Fault, MismatchedDtypeFailsEveryRank) {
     EXPECT_TRUE(contains(out.out, "int32")) << out.out;
   }
 }
+
+// Checks the output of a --keep-going worker that ran `ops` ops: op `failed`,
+// and only it, failed with `why` in its message; every other op was exact.
+void expect_only_op_failed(const WorkerOutput& out, int ops, int failed, const std::string& why) {
+  EXPECT_EQ(out.exit_code, 0) << out.out;
+  for (int op = 0; op < ops; ++op) {
+    const std::string ok = "op " + std::to_string(op) + " ok\n";
+    const std::string error = "op " + std::to_string(op) + " error after ";
+    if (op == failed) {
+      const auto at = out.out.find(error);
+      ASSERT_NE(at, std::string::npos) << out.out;
+      EXPECT_TRUE(contains(out.out.substr(at, out.out.find('\n', at) - at), why)) << out.out;
+      EXPECT_FALSE(contains(out.out, ok)) << out.out;
+    } else {
+      EXPECT_TRUE(contains(out.out, ok)) << out.out;
+      EXPECT_FALSE(contains(out.out, error)) << out.out;
+    }
+  }
+  EXPECT_TRUE(contains(out.out, "\nok\n")) << out.out;
+}
+
+// An op failed on a mismatch does not poison the streams: the failed op's
+// contributions still in flight are dropped by the reducers, its result
+// receives are cancelled on the workers, and the next ops on the same
+// clients are exact.
+TEST_P(TransportFault, OpsAfterAMismatchedOpAreExact) {
+  TALLY_SKIP_UNLESS_TRANSPORT(GetParam());
+  TestCluster cluster(pool(2));
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  WorkerGroup workers(cluster, "w", unique_job("mismatch-then-ok"), 3,
+                      [](uint32_t r) {
+                        return Args{"--counts", r == 2 ? "9478,1009,9477,1,9477" : "9477,1009,9477,1,9477",
+                                    "--ops", "5", "--keep-going"};
+                      },
+                      {{"TALLY_OP_TIMEOUT_MS", "4000"}});
+  for (uint32_t r = 0; r < 3; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    expect_only_op_failed(workers.wait(r, 30s), 5, 0, "disagree");
+  }
+}
+
+// A rank late past the op timeout: the op fails on both ranks (the punctual
+// one's times out naming the late rank, the late one's contribution is
+// refused), and the next ops on the same streams are exact, though results
+// of the failed op were being waited for (and their receives cancelled).
+TEST_P(TransportFault, OpsAfterATimedOutOpAreExact) {
+  TALLY_SKIP_UNLESS_TRANSPORT(GetParam());
+  TestCluster cluster(pool(2));
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  const auto op_timeout = 2000ms;
+  // Late by 1.4x the timeout: well after op 1 fails, well before op 2 would.
+  WorkerGroup workers(cluster, "w", unique_job("late-then-ok"), 2,
+                      [](uint32_t r) {
+                        Args args{"--count", "9477", "--ops", "4", "--keep-going"};
+                        if (r == 1) args.insert(args.end(), {"--stall-ms", "2800", "--stall-op", "1"});
+                        return args;
+                      },
+                      {{"TALLY_OP_TIMEOUT_MS", std::to_string(op_timeout.count())}});
+  {
+    SCOPED_TRACE("rank 0");
+    expect_only_op_failed(workers.wait(0, 30s), 4, 1, "waiting for ranks [1]");
+  }
+  {
+    SCOPED_TRACE("rank 1");
+    expect_only_op_failed(workers.wait(1, 30s), 4, 1, "timed out");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fault, TransportFault, ::testing::Values("tcp", "fabric"), transport_name);
 
 TEST(Fault, HalfPrecisionIsRefusedClearly) {
   TestCluster cluster(PoolSpec{});
@@ -415,12 +497,16 @@ TEST(Fault, BadEnvironmentIsNamed) {
   EXPECT_TRUE(contains(out.out, "TALLY_RANK")) << out.out;
 }
 
+class TransportMemory : public ::testing::TestWithParam<std::string> {};
+
 // A window of one chunk gives each job three buffers: eight workers with
 // many chunks keep running out of them, so streams pause and resume all the
 // time. Every sum must still be exact (no data dropped, no deadlock).
-TEST(Memory, TinyQuotaBackPressureStillGivesExactSums) {
+TEST_P(TransportMemory, TinyQuotaBackPressureStillGivesExactSums) {
+  TALLY_SKIP_UNLESS_TRANSPORT(GetParam());
   PoolSpec spec;
   spec.shards = 2;
+  spec.transport = GetParam();
   spec.reducer_args = {"--max-chunk-bytes", "4096", "--memory-budget", "12KiB", "--window", "1",
                        "--io-threads", "2", "--log-level", "info"};
   TestCluster cluster(spec);
@@ -433,6 +519,8 @@ TEST(Memory, TinyQuotaBackPressureStillGivesExactSums) {
     EXPECT_EQ(out.exit_code, 0) << out.out;
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Memory, TransportMemory, ::testing::Values("tcp", "fabric"), transport_name);
 
 // The budget holds one job's buffers: a second job is refused at connect
 // with a clear error, and the first keeps working.

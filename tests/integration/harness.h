@@ -109,4 +109,11 @@ std::string transport_unavailable(const std::string& transport);
 // A job name unique to this test and process.
 std::string unique_job(const std::string& hint);
 
+bool contains(const std::string& s, const std::string& what);
+
+// Runs a normal all-reduce of `workers` ranks (3 ops, multi-chunk) on the
+// cluster's transport and expects every rank to finish with exact results
+// within 30 s.
+void expect_allreduce_works(TestCluster& cluster, uint32_t workers, const std::string& tag);
+
 }  // namespace tally::testing

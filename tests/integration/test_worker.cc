@@ -2,6 +2,13 @@
 // like a training process; runs --ops all-reduces of --count elements with
 // the closed-form pattern of tally/bench/pattern.h and checks every result.
 //
+// --counts cycles op sizes over one buffer (op i uses the (i mod n)-th), so
+// the same memory carries ops of several sizes. With --keep-going a failed
+// op is reported ("op N error after M ms <status>") and the next one runs on
+// the same client; the exit status then counts wrong results only. --stop-file ends a long run
+// on every rank at the same op: after each op the ranks sum a one-element
+// flag (1 where the file exists) and all stop once it is non-zero.
+//
 // stdout gets one line per op ("op N ok") and a last line "ok" or
 // "error <code name>: <message>". Exit status: 0 all ops correct,
 // 1 a wrong result, 2 could not connect, 3 an op failed.
@@ -9,8 +16,10 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -21,17 +30,45 @@ namespace {
 
 using tally::Status;
 
+struct Plan {
+  std::vector<uint64_t> counts;  // op i: counts[i % size]
+  int ops = 1;
+  int stall_ms = 0;
+  int stall_op = -1;  // the op the stall comes before; -1: the last
+  bool keep_going = false;
+  std::string stop_file;
+};
+
+// Whether any rank has seen the stop file (a one-element all-reduce, so
+// every rank gets the same answer after the same op).
+tally::Result<bool> agree_to_stop(tally::Client& client, const std::string& stop_file) {
+  int32_t flag = access(stop_file.c_str(), F_OK) == 0 ? 1 : 0;
+  Status s = client.allreduce(&flag, 1, tally::DType::kInt32, tally::RedOp::kSum);
+  if (!s) return s;
+  return flag > 0;
+}
+
 template <typename T>
-int run(tally::Client& client, tally::DType dtype, tally::RedOp redop, uint64_t count, int ops,
-        int stall_ms) {
-  std::vector<T> data(count);
+int run(tally::Client& client, tally::DType dtype, tally::RedOp redop, const Plan& plan) {
+  uint64_t largest = 0;
+  for (uint64_t c : plan.counts) largest = std::max(largest, c);
+  std::vector<T> data(largest);
+  const int ops = plan.ops;
+  const int stall_ms = plan.stall_ms;
+  const int stall_op = plan.stall_op >= 0 ? plan.stall_op : ops - 1;
   for (int op = 0; op < ops; ++op) {
-    if (stall_ms > 0 && op == ops - 1) std::this_thread::sleep_for(std::chrono::milliseconds(stall_ms));
+    const uint64_t count = plan.counts[static_cast<size_t>(op) % plan.counts.size()];
+    if (stall_ms > 0 && op == stall_op) std::this_thread::sleep_for(std::chrono::milliseconds(stall_ms));
     tally::bench::fill_pattern(data.data(), count, client.rank());
     const auto t0 = std::chrono::steady_clock::now();
     Status s = client.allreduce(data.data(), count, dtype, redop);
     const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                         std::chrono::steady_clock::now() - t0).count();
+    if (!s && plan.keep_going) {
+      std::printf("op %d error after %lld ms %s\n", op, static_cast<long long>(ms), s.to_string().c_str());
+      std::fflush(stdout);
+      continue;
+    }
     if (!s) {
       std::printf("error after %lld ms %s\n", static_cast<long long>(ms), s.to_string().c_str());
       std::fflush(stdout);
@@ -46,6 +83,15 @@ int run(tally::Client& client, tally::DType dtype, tally::RedOp redop, uint64_t 
     }
     std::printf("op %d ok\n", op);
     std::fflush(stdout);
+    if (!plan.stop_file.empty()) {
+      auto stop = agree_to_stop(client, plan.stop_file);
+      if (!stop) {
+        std::printf("error after 0 ms %s\n", stop.status().to_string().c_str());
+        std::fflush(stdout);
+        return 3;
+      }
+      if (*stop) break;
+    }
   }
   std::printf("ok\n");
   return 0;
@@ -58,18 +104,25 @@ int main(int argc, char** argv) {
   int64_t count_override = -1;
   std::string dtype_name = "float";
   std::string redop_name = "sum";
-  int ops = 1;
-  int stall_ms = 0;
+  Plan plan;
+  std::string log_level = "warn";
   CLI::App app{"tally-test-worker"};
   app.add_option("--count", count, "elements per op");
+  app.add_option("--counts", plan.counts, "elements of op i: the (i mod n)-th of these (instead of --count)")
+      ->delimiter(',');
+  app.add_option("--stop-file", plan.stop_file, "all ranks stop after the first op where one sees this file");
+  app.add_option("--log-level", log_level, "the client library's log level (stderr)");
   app.add_option("--count-override", count_override, "use this count instead (a mismatching rank)");
   app.add_option("--dtype", dtype_name);
   app.add_option("--op", redop_name);
-  app.add_option("--ops", ops, "how many all-reduces");
-  app.add_option("--stall-ms", stall_ms, "sleep this long before the last op (a straggler)");
+  app.add_option("--ops", plan.ops, "how many all-reduces (at most, with --stop-file)");
+  app.add_option("--stall-ms", plan.stall_ms, "sleep this long before the last op (a straggler)");
+  app.add_option("--stall-op", plan.stall_op, "stall before this op instead of the last");
+  app.add_flag("--keep-going", plan.keep_going, "report a failed op and run the next one");
   CLI11_PARSE(app, argc, argv);
-  spdlog::set_level(spdlog::level::warn);
+  spdlog::set_level(spdlog::level::from_str(log_level));
   if (count_override >= 0) count = static_cast<uint64_t>(count_override);
+  if (plan.counts.empty()) plan.counts = {count};
 
   auto options = tally::client_options_from_env();
   if (!options) {
@@ -90,10 +143,10 @@ int main(int argc, char** argv) {
   std::printf("connected rank %u pid %d\n", (*client)->rank(), static_cast<int>(getpid()));
   std::fflush(stdout);
   switch (*dtype) {
-    case tally::DType::kFloat32: return run<float>(**client, *dtype, *redop, count, ops, stall_ms);
-    case tally::DType::kFloat64: return run<double>(**client, *dtype, *redop, count, ops, stall_ms);
-    case tally::DType::kInt32: return run<int32_t>(**client, *dtype, *redop, count, ops, stall_ms);
-    case tally::DType::kInt64: return run<int64_t>(**client, *dtype, *redop, count, ops, stall_ms);
+    case tally::DType::kFloat32: return run<float>(**client, *dtype, *redop, plan);
+    case tally::DType::kFloat64: return run<double>(**client, *dtype, *redop, plan);
+    case tally::DType::kInt32: return run<int32_t>(**client, *dtype, *redop, plan);
+    case tally::DType::kInt64: return run<int64_t>(**client, *dtype, *redop, plan);
     default: {
       // 16-bit types: the pattern is checked by the reducer's refusal only.
       std::vector<uint16_t> data(count);
