@@ -246,8 +246,8 @@ class ShardLink final : public FrameHandler, public std::enable_shared_from_this
                        std::to_string(group_count) + ", but TALLY_POOL lists it as shard " +
                        std::to_string(shard_) + " of " + std::to_string(client_.links.size()) + " in group " +
                        std::to_string(client_.group) + " of " + std::to_string(client_.options.groups) +
-                       " (the pool must list every reducer, in (group, shard) order, and TALLY_GROUPS "
-                       "must match the pool)");
+                       " (the pool must list every reducer in shard order, group after group, i.e. in "
+                       "(group, shard) order, and TALLY_GROUPS must match the pool)");
     } else if (client_.options.chunk_bytes > w.max_chunk_bytes()) {
       bad = Status(ErrorCode::kInvalidArgument,
                    "chunk size " + std::to_string(client_.options.chunk_bytes) + " exceeds " + who +

@@ -688,7 +688,8 @@ Result<std::shared_ptr<Job>> Reducer::Impl::admit(const wire::Hello& hello,
       return Status(ErrorCode::kInvalidArgument,
                     who + " says it is in group " + std::to_string(hello.group()) + " of " +
                         std::to_string(sizes.size()) + ", but this reducer serves group " +
-                        std::to_string(options.group) + " of " + std::to_string(options.group_count));
+                        std::to_string(options.group) + " of " + std::to_string(options.group_count) +
+                        " (check TALLY_GROUPS, and that TALLY_POOL lists the reducers in (group, shard) order)");
     }
     if (total != hello.world_size() || sizes[hello.group()] == 0) {
       return Status(ErrorCode::kInvalidArgument, who + " gives group sizes that do not add up to its world size " +

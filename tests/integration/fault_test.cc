@@ -154,6 +154,131 @@ TEST(Fault, KilledReducerFailsEveryWorker) {
   }
 }
 
+// A pool of 2 shards x 3 groups and 6 workers (groups {0,1}, {2,3}, {4,5}).
+// Killing the reducer of shard 1 in group 2 fails every worker of every
+// group within the deadline: group 2's workers lose their stream to it, the
+// others hear from their own reducers that the replica was lost.
+TEST(Fault, KilledReplicaFailsEveryWorkerOfEveryGroup) {
+  PoolSpec spec;
+  spec.shards = 2;
+  spec.groups = 3;
+  TestCluster cluster(spec);
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  const auto op_timeout = 4000ms;
+  WorkerGroup workers(cluster, "w", unique_job("replica-kill"), 6,
+                      [](uint32_t) { return Args{"--count", "9477", "--ops", "200000"}; },
+                      {{"TALLY_OP_TIMEOUT_MS", std::to_string(op_timeout.count())}});
+  ASSERT_TRUE(eventually([&] { return contains(workers.stdout_of(0), "op 20 ok"); }, 30s))
+      << workers.stdout_of(0);
+  const uint32_t victim = 2 * 2 + 1;  // (group 2, shard 1)
+  cluster.kill_reducer(victim, SIGKILL);
+  const auto killed = std::chrono::steady_clock::now();
+  for (uint32_t r = 0; r < 6; ++r) {
+    auto out = workers.wait(r, 2 * op_timeout);
+    const auto took = std::chrono::steady_clock::now() - killed;
+    EXPECT_EQ(out.exit_code, 3) << "rank " << r << ":\n" << out.out;
+    if (r >= 4) {
+      EXPECT_TRUE(contains(out.out, "lost reducer")) << out.out;
+      EXPECT_TRUE(contains(out.out, "(shard 1)")) << out.out;
+    } else {
+      EXPECT_TRUE(contains(out.out, "replica (shard 1, group 2) at " + cluster.addresses()[victim] + " lost"))
+          << "rank " << r << ":\n" << out.out;
+    }
+    EXPECT_LT(took, 2 * op_timeout) << out.out;
+  }
+  // The other reducers survive.
+  for (uint32_t i = 0; i < 6; ++i) {
+    if (i != victim) EXPECT_FALSE(cluster.reducer(i).wait_for(0ms).has_value()) << "reducer " << i;
+  }
+}
+
+// A worker lost in one group fails the op on the workers of the other
+// groups too, naming the lost rank (forwarded between replicas).
+TEST(Fault, KilledWorkerFailsTheOtherGroups) {
+  PoolSpec spec;
+  spec.shards = 1;
+  spec.groups = 2;
+  TestCluster cluster(spec);
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  const auto op_timeout = 4000ms;
+  WorkerGroup workers(cluster, "w", unique_job("kill-groups"), 4,
+                      [](uint32_t) { return Args{"--count", "9477", "--ops", "200000"}; },
+                      {{"TALLY_OP_TIMEOUT_MS", std::to_string(op_timeout.count())}});
+  ASSERT_TRUE(eventually([&] { return contains(workers.stdout_of(3), "op 20 ok"); }, 30s))
+      << workers.stdout_of(3);
+  workers.process(1).signal(SIGKILL);  // group 0
+  const auto killed = std::chrono::steady_clock::now();
+  for (uint32_t r : {0u, 2u, 3u}) {
+    auto out = workers.wait(r, 2 * op_timeout);
+    EXPECT_EQ(out.exit_code, 3) << out.out;
+    EXPECT_TRUE(contains(out.out, "rank 1")) << "rank " << r << ":\n" << out.out;
+    EXPECT_LT(std::chrono::steady_clock::now() - killed, 2 * op_timeout) << out.out;
+  }
+}
+
+TEST(Fault, GroupThePoolDoesNotHaveIsRefusedAtConnect) {
+  PoolSpec spec;
+  spec.groups = 3;
+  TestCluster cluster(spec);
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  auto env = cluster.worker_env(unique_job("bad-group"), 5, 6);
+  env["TALLY_GROUP"] = "3";
+  env["TALLY_GROUP_SIZES"] = "2,2,2";
+  auto p = cluster.spawn_worker("w5", {"--count", "10"}, env);
+  auto out = wait_worker(p, cluster, "w5", 10s);
+  EXPECT_EQ(out.exit_code, 2) << out.out;
+  EXPECT_TRUE(contains(out.out, "rank 5 is in group 3 but the pool has 3 groups (0..2)")) << out.out;
+}
+
+TEST(Fault, PoolThatDoesNotMatchTheGroupsIsRefused) {
+  PoolSpec spec;
+  spec.groups = 2;
+  TestCluster cluster(spec);
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  {  // Three addresses for two groups.
+    auto out = run_one(cluster, {{"TALLY_POOL", cluster.pool_string() + ",127.0.0.1:1"}}, 10s);
+    EXPECT_EQ(out.exit_code, 2) << out.out;
+    EXPECT_TRUE(contains(out.out, "not a multiple of TALLY_GROUPS=2")) << out.out;
+  }
+  {  // A worker that does not know the pool has groups takes it for 2 shards.
+    auto out = run_one(cluster, {{"TALLY_GROUPS", "1"}}, 10s);
+    EXPECT_EQ(out.exit_code, 2) << out.out;
+    EXPECT_TRUE(contains(out.out, "serves group 0 of 2")) << out.out;
+    EXPECT_TRUE(contains(out.out, "(group, shard) order")) << out.out;
+  }
+}
+
+// TALLY_GROUP places ranks explicitly (here out of block order, and in
+// groups of 1 and 3); sums are exact and the same on every rank.
+TEST(Groups, ExplicitGroupsOverrideTheBlocks) {
+  PoolSpec spec;
+  spec.shards = 2;
+  spec.groups = 2;
+  TestCluster cluster(spec);
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  for (const auto& [groups, sizes] : std::vector<std::pair<std::vector<int>, std::string>>{
+           {{0, 1, 1, 0}, "2,2"}, {{1, 1, 0, 1}, "1,3"}}) {
+    const std::string job = unique_job("explicit");
+    std::vector<bench::Process> procs;
+    for (uint32_t r = 0; r < 4; ++r) {
+      auto env = cluster.worker_env(job, r, 4);
+      env["TALLY_GROUP"] = std::to_string(groups[r]);
+      env["TALLY_GROUP_SIZES"] = sizes;
+      procs.push_back(cluster.spawn_worker(job + "-" + std::to_string(r),
+                                           {"--counts", "1,257,9477", "--ops", "3"}, env));
+    }
+    std::string reference;
+    for (uint32_t r = 0; r < 4; ++r) {
+      auto out = wait_worker(procs[r], cluster, job + "-" + std::to_string(r), 30s);
+      EXPECT_EQ(out.exit_code, 0) << out.out;
+      EXPECT_TRUE(contains(out.out, "group " + std::to_string(groups[r]) + " ")) << out.out;
+      const std::string hashes = out.out.substr(out.out.find("op 0 ok"));
+      if (r == 0) reference = hashes;
+      EXPECT_EQ(hashes, reference);
+    }
+  }
+}
+
 TEST(Fault, StragglerTimesOutNamingTheRank) {
   TestCluster cluster(PoolSpec{});
   ASSERT_TRUE(cluster.ok()) << cluster.error();

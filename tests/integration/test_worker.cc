@@ -2,16 +2,26 @@
 // like a training process; runs --ops all-reduces of --count elements with
 // the closed-form pattern of tally/bench/pattern.h and checks every result.
 //
-// stdout gets one line per op ("op N ok") and a last line "ok" or
-// "error <code name>: <message>". Exit status: 0 all ops correct,
-// 1 a wrong result, 2 could not connect, 3 an op failed.
+// With --counts, op k all-reduces counts[k mod n] elements instead. With
+// --pattern noisy (float types), inputs are fractions that float addition
+// cannot sum exactly, so the result depends on the order of summation: it
+// is checked against the exact sum within a tolerance, and the result's
+// hash lets the test check that every rank got the same bits.
+//
+// stdout gets one line per op ("op N ok hash H", H the FNV-1a 64 of the
+// result bytes) and a last line "ok" or "error <code name>: <message>".
+// Exit status: 0 all ops correct, 1 a wrong result, 2 could not connect,
+// 3 an op failed.
 #include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <thread>
+#include <algorithm>
+#include <limits>
 #include <vector>
 
 #include "tally/bench/pattern.h"
@@ -21,13 +31,56 @@ namespace {
 
 using tally::Status;
 
+struct Plan {
+  std::vector<uint64_t> counts;  // op k uses counts[k mod n]
+  int ops = 1;
+  int stall_ms = 0;
+  bool noisy = false;
+};
+
+// A fraction unique per rank and element; 1/(1 + k) for k < 97 is not
+// exact in binary, so sums depend on their order.
+double noisy_value(uint32_t rank, uint64_t i) {
+  return 1.0 / static_cast<double>(1 + (uint64_t{rank} * 131 + i * 7) % 97) + static_cast<double>(rank % 5);
+}
+
+// Elements that are off from the exact sum by more than rounding allows.
 template <typename T>
-int run(tally::Client& client, tally::DType dtype, tally::RedOp redop, uint64_t count, int ops,
-        int stall_ms) {
-  std::vector<T> data(count);
+size_t count_noisy_wrong(const T* data, uint64_t count, uint32_t world, bool average) {
+  size_t wrong = 0;
+  for (uint64_t i = 0; i < count; ++i) {
+    double exact = 0;
+    for (uint32_t r = 0; r < world; ++r) exact += static_cast<T>(noisy_value(r, i));
+    if (average) exact /= world;
+    const double tolerance = std::abs(exact) * world * 4 * std::numeric_limits<T>::epsilon() + 1e-30;
+    if (std::abs(static_cast<double>(data[i]) - exact) > tolerance) ++wrong;
+  }
+  return wrong;
+}
+
+uint64_t fnv1a(const void* data, size_t n) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (size_t i = 0; i < n; ++i) {
+    h ^= static_cast<const unsigned char*>(data)[i];
+    h *= 0x100000001b3ULL;
+  }
+  return h;
+}
+
+template <typename T>
+int run(tally::Client& client, tally::DType dtype, tally::RedOp redop, const Plan& plan) {
+  uint64_t largest = 0;
+  for (uint64_t c : plan.counts) largest = std::max(largest, c);
+  std::vector<T> data(largest);
+  const int ops = plan.ops;
   for (int op = 0; op < ops; ++op) {
-    if (stall_ms > 0 && op == ops - 1) std::this_thread::sleep_for(std::chrono::milliseconds(stall_ms));
-    tally::bench::fill_pattern(data.data(), count, client.rank());
+    const uint64_t count = plan.counts[op % plan.counts.size()];
+    if (plan.stall_ms > 0 && op == ops - 1) std::this_thread::sleep_for(std::chrono::milliseconds(plan.stall_ms));
+    if (plan.noisy) {
+      for (uint64_t i = 0; i < count; ++i) data[i] = static_cast<T>(noisy_value(client.rank(), i));
+    } else {
+      tally::bench::fill_pattern(data.data(), count, client.rank());
+    }
     const auto t0 = std::chrono::steady_clock::now();
     Status s = client.allreduce(data.data(), count, dtype, redop);
     const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -37,14 +90,16 @@ int run(tally::Client& client, tally::DType dtype, tally::RedOp redop, uint64_t 
       std::fflush(stdout);
       return 3;
     }
-    size_t wrong = tally::bench::count_wrong(data.data(), count, client.world_size(),
-                                             redop == tally::RedOp::kAverage);
+    const bool average = redop == tally::RedOp::kAverage;
+    size_t wrong = plan.noisy ? count_noisy_wrong(data.data(), count, client.world_size(), average)
+                              : tally::bench::count_wrong(data.data(), count, client.world_size(), average);
     if (wrong) {
       std::printf("wrong op %d: %zu of %llu elements\n", op, wrong, static_cast<unsigned long long>(count));
       std::fflush(stdout);
       return 1;
     }
-    std::printf("op %d ok\n", op);
+    std::printf("op %d ok hash %016llx\n", op,
+                static_cast<unsigned long long>(fnv1a(data.data(), count * sizeof(T))));
     std::fflush(stdout);
   }
   std::printf("ok\n");
@@ -60,8 +115,12 @@ int main(int argc, char** argv) {
   std::string redop_name = "sum";
   int ops = 1;
   int stall_ms = 0;
+  std::vector<uint64_t> counts;
+  std::string pattern = "exact";
   CLI::App app{"tally-test-worker"};
   app.add_option("--count", count, "elements per op");
+  app.add_option("--counts", counts, "op k uses the k-th of these counts (cyclically)")->delimiter(',');
+  app.add_option("--pattern", pattern, "exact (closed-form integer sums) or noisy (fractions)");
   app.add_option("--count-override", count_override, "use this count instead (a mismatching rank)");
   app.add_option("--dtype", dtype_name);
   app.add_option("--op", redop_name);
@@ -70,6 +129,11 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   spdlog::set_level(spdlog::level::warn);
   if (count_override >= 0) count = static_cast<uint64_t>(count_override);
+  Plan plan;
+  plan.counts = counts.empty() ? std::vector<uint64_t>{count} : counts;
+  plan.ops = ops;
+  plan.stall_ms = stall_ms;
+  plan.noisy = pattern == "noisy";
 
   auto options = tally::client_options_from_env();
   if (!options) {
@@ -87,13 +151,14 @@ int main(int argc, char** argv) {
     std::printf("error %s\n", client.status().to_string().c_str());
     return 2;
   }
-  std::printf("connected rank %u pid %d\n", (*client)->rank(), static_cast<int>(getpid()));
+  std::printf("connected rank %u group %u pid %d\n", (*client)->rank(), (*client)->group(),
+              static_cast<int>(getpid()));
   std::fflush(stdout);
   switch (*dtype) {
-    case tally::DType::kFloat32: return run<float>(**client, *dtype, *redop, count, ops, stall_ms);
-    case tally::DType::kFloat64: return run<double>(**client, *dtype, *redop, count, ops, stall_ms);
-    case tally::DType::kInt32: return run<int32_t>(**client, *dtype, *redop, count, ops, stall_ms);
-    case tally::DType::kInt64: return run<int64_t>(**client, *dtype, *redop, count, ops, stall_ms);
+    case tally::DType::kFloat32: return run<float>(**client, *dtype, *redop, plan);
+    case tally::DType::kFloat64: return run<double>(**client, *dtype, *redop, plan);
+    case tally::DType::kInt32: return run<int32_t>(**client, *dtype, *redop, plan);
+    case tally::DType::kInt64: return run<int64_t>(**client, *dtype, *redop, plan);
     default: {
       // 16-bit types: the pattern is checked by the reducer's refusal only.
       std::vector<uint16_t> data(count);
