@@ -247,7 +247,7 @@ class ReplicaLink final : public FrameHandler, public std::enable_shared_from_th
     up_ = false;
     if (was_up) owner_->set_up(group_, /*outbound=*/true, false, why);
     if (stopping_) return;
-    if (was_up) spdlog::warn("{}: outbound stream lost: {}", owner_->describe(group_), why.to_string());
+    if (was_up) spdlog::info("{}: outbound stream closed: {}", owner_->describe(group_), why.to_string());
     retry_ = kReplicaRetryMin;
     schedule_dial();
   }
@@ -499,7 +499,9 @@ class WorkerSession final : public FrameHandler,
     partial_ = {};
     if (hello_timer_) hello_timer_->cancel();
     if (peer_group_) {
-      spdlog::warn("inbound stream of replica group {} ({}) closed: {}", *peer_group_, peer_, why.to_string());
+      const bool expected = why.code() == ErrorCode::kCancelled || why.code() == ErrorCode::kUnavailable;
+      spdlog::log(expected ? spdlog::level::info : spdlog::level::warn,
+                  "inbound stream of replica group {} ({}) closed: {}", *peer_group_, peer_, why.to_string());
       peer_jobs_.clear();
       partial_job_.reset();
       reducer_->replicas->set_up(*peer_group_, /*outbound=*/false, false, why);
@@ -792,12 +794,13 @@ std::shared_ptr<Job> Reducer::Impl::find_job(const std::string& name) {
 }
 
 void Reducer::Impl::on_replica_lost(uint32_t group, const Status& why) {
-  spdlog::warn("{}", why.to_string());
   std::vector<std::shared_ptr<Job>> snapshot;
   {
     std::lock_guard lock(mu);
+    if (stopping) return;  // every stream is closing anyway
     for (auto& [name, job] : jobs) snapshot.push_back(job);
   }
+  spdlog::warn("{}", why.to_string());
   for (auto& job : snapshot) job->on_replica_lost(group, why);
 }
 

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <thread>
 #include <cstring>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -607,6 +608,53 @@ TEST(Bench, SweepPrintsTheTableWithNoWrongResults) {
   EXPECT_TRUE(contains(json, "\"size\": 262144")) << json;
   EXPECT_TRUE(contains(json, "\"wrong\": 0")) << json;
   EXPECT_FALSE(contains(json, "\"wrong\": 1")) << json;
+  std::filesystem::remove_all(dir);
+}
+
+// A local pool of 2 shards x 3 groups: the table is correct and each
+// reducer's bytes per op match the formula (within the few bytes the
+// barrier ops add).
+TEST(Bench, GroupSweepReportsBytesPerReducer) {
+  char tmpl[] = "/tmp/tally-bench-test-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  bench::ProcessSpec spec;
+  spec.path = TALLY_BENCH_PATH;
+  spec.args = {"-W", "6", "-r", "2", "-G", "3", "-b", "64K", "-e", "256K", "-f", "4", "-w", "1", "-n", "4",
+               "--chunk-bytes", "16K"};
+  spec.env = {{"TALLY_REDUCER", TALLY_REDUCER_PATH}};
+  spec.stdout_path = dir + "/stdout";
+  spec.stderr_path = dir + "/stderr";
+  auto p = bench::Process::spawn(spec);
+  ASSERT_TRUE(p) << p.status().to_string();
+  auto st = p->wait_for(90s);
+  const std::string out = read_file(dir + "/stdout");
+  ASSERT_TRUE(st.has_value());
+  EXPECT_EQ(*st, 0) << out << read_file(dir + "/stderr");
+  EXPECT_TRUE(contains(out, "transport=tcp W=6 S=2 G=3 chunk=16KiB")) << out;
+  EXPECT_TRUE(contains(out, "# Out of bounds values : 0 OK")) << out;
+  // One row per size and reducer: size s g w, 4 measured, '|', 3 formula.
+  size_t rows = 0;
+  std::istringstream in(out);
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream fields(line);
+    double v[8];
+    std::string bar;
+    double f[3];
+    uint64_t size, s, g, w;
+    if (!(fields >> size >> s >> g >> w >> v[0] >> v[1] >> v[2] >> v[3] >> bar >> f[0] >> f[1] >> f[2]) || bar != "|") {
+      continue;
+    }
+    ++rows;
+    EXPECT_EQ(w, 2u) << line;
+    EXPECT_NEAR(v[0], f[0], 64) << line;
+    EXPECT_NEAR(v[1], f[0], 64) << line;
+    EXPECT_NEAR(v[2], f[1], 64) << line;
+    EXPECT_NEAR(v[3], f[2], 64) << line;
+    EXPECT_GT(f[1], 0) << line;
+  }
+  EXPECT_EQ(rows, 2u * 6u) << out;
   std::filesystem::remove_all(dir);
 }
 
