@@ -570,6 +570,10 @@ Job::Progress Job::advance_locked(const std::shared_ptr<ChunkState>& chunk, Stat
           why = *lost;
           return Progress::kFailed;
         }
+        if (auto left = left_group(group)) {
+          why = *left;
+          return Progress::kFailed;
+        }
         return Progress::kWaiting;
       }
       // Never write into the accumulator while a send still reads it.
@@ -633,7 +637,7 @@ PayloadAction Job::on_partial_header(uint32_t from_group, const FrameHeader& h,
   };
   if (retired_) {
     answer(make_error(Status(ErrorCode::kPeerLost, replica_name() + " no longer has job '" + name() +
-                                                       "': its workers have left"),
+                                                       "': " + retired_why_),
                       h.op));
     return PayloadAction::discard();
   }
@@ -698,6 +702,44 @@ void Job::on_peer_error(const wire::Error& error) {
   for (uint64_t op : ops) fail_op_locked(op, status, ranks, /*forward=*/false);
 }
 
+std::optional<Status> Job::left_group(uint32_t group) const {
+  std::lock_guard lock(left_mu_);
+  auto it = left_groups_.find(group);
+  if (it == left_groups_.end()) return std::nullopt;
+  return it->second;
+}
+
+void Job::on_replica_left(uint32_t group, const Status& why) {
+  std::vector<std::shared_ptr<ChunkState>> snapshot;
+  {
+    std::lock_guard lock(mu_);
+    {
+      std::lock_guard left_lock(left_mu_);
+      left_groups_.emplace(group, why);
+    }
+    for (auto& [key, chunk] : chunks_) snapshot.push_back(chunk);
+  }
+  // Partials from it arrived before this (one stream, in order), so a chunk
+  // still missing one will never get it.
+  for (auto& chunk : snapshot) {
+    Progress progress = Progress::kWaiting;
+    Status failed;
+    {
+      std::lock_guard chunk_lock(chunk->mu);
+      if (chunk->failed) continue;
+      for (size_t i = chunk->step; i < chunk->steps.size(); ++i) {
+        const ButterflyStep& s = chunk->steps[i];
+        if (participants_[s.partner] == group && !s.recv.empty() && !chunk->arrived[i]) {
+          progress = Progress::kFailed;
+          failed = why;
+          break;
+        }
+      }
+    }
+    settle(chunk, progress, failed);
+  }
+}
+
 void Job::on_replica_lost(uint32_t group, const Status& why) {
   std::lock_guard lock(mu_);
   if (group == settings_.group ||
@@ -710,9 +752,10 @@ void Job::on_replica_lost(uint32_t group, const Status& why) {
   for (uint64_t op : ops) fail_op_locked(op, why, {});
 }
 
-void Job::retire() {
+void Job::retire(std::string why) {
   std::lock_guard lock(mu_);
   retired_ = true;
+  retired_why_ = std::move(why);
 }
 
 bool Job::abandoned(Clock::time_point now) const {

@@ -84,6 +84,8 @@ struct Reducer::Impl : std::enable_shared_from_this<Reducer::Impl> {
   void on_replica_lost(uint32_t group, const Status& why);
   // Takes `job` out of the table; mu held.
   void erase_job_locked(const std::shared_ptr<Job>& job);
+  // Why an ended job's workers left, from its tombstone; mu held.
+  std::string ended_job_note_locked(const std::string& name) const;
   void remove(const std::shared_ptr<WorkerSession>& session, const std::shared_ptr<Job>& job,
               const Status& why, bool goodbye);
   // Keeps why `job`'s ranks left (unless all left cleanly) for its
@@ -595,14 +597,18 @@ class WorkerSession final : public FrameHandler,
         reply->mutable_peer_error()->set_job(pj.job());
         *reply->mutable_peer_error()->mutable_error() = make_error(job.status()).error();
         reducer_->replicas->send_control(*peer_group_, reply);
-        peer_jobs_.erase(job_id(pj.job()));
+        peer_jobs_[job_id(pj.job())] = {pj.job(), {}};
         return;
       }
-      peer_jobs_[(*job)->id()] = *job;
+      peer_jobs_[(*job)->id()] = {pj.job(), *job};
       return;
     }
     if (message.has_peer_error()) {
-      if (auto job = reducer_->find_job(message.peer_error().job())) job->on_peer_error(message.peer_error().error());
+      const wire::PeerError& pe = message.peer_error();
+      auto job = reducer_->find_job(pe.job());
+      if (!job) return;
+      if (pe.workers_left()) return job->on_replica_left(*peer_group_, status_from_error(pe.error()));
+      job->on_peer_error(pe.error());
       return;
     }
     if (message.has_error()) {
@@ -618,10 +624,29 @@ class WorkerSession final : public FrameHandler,
     }
     auto it = peer_jobs_.find(h.job);
     if (it == peer_jobs_.end()) {
-      // Its PeerJob was refused (the sender has been told) or never sent.
+      return PayloadAction::close(Status(ErrorCode::kProtocol, "partial of a job replica " + peer_ +
+                                                                   " did not announce: " + describe(h)));
+    }
+    partial_job_ = it->second.job.lock();
+    if (!partial_job_) {
+      // Refused (the sender was told then), or ended here since.
+      auto reply = std::make_shared<wire::Control>();
+      reply->mutable_peer_error()->set_job(it->second.name);
+      std::string note;
+      {
+        std::lock_guard lock(reducer_->mu);
+        note = reducer_->ended_job_note_locked(it->second.name);
+      }
+      *reply->mutable_peer_error()->mutable_error() =
+          make_error(Status(ErrorCode::kPeerLost, "replica (shard " + std::to_string(reducer_->options.shard) +
+                                                      ", group " + std::to_string(reducer_->options.group) +
+                                                      ") no longer has job '" + it->second.name +
+                                                      "' (or refused it): " + note),
+                     h.op)
+              .error();
+      reducer_->replicas->send_control(*peer_group_, reply);
       return PayloadAction::discard();
     }
-    partial_job_ = it->second;
     std::weak_ptr<WorkerSession> weak = shared_from_this();
     return partial_job_->on_partial_header(*peer_group_, h, partial_, [weak] {
       if (auto self = weak.lock()) self->wake();
@@ -632,7 +657,13 @@ class WorkerSession final : public FrameHandler,
   std::shared_ptr<Connection> conn_;
   const std::string peer_;
   std::optional<uint32_t> peer_group_;  // set when the stream is another replica's
-  std::unordered_map<uint64_t, std::shared_ptr<Job>> peer_jobs_;  // by id, from its PeerJob
+  // Jobs this replica announced, by id. Weak: a job that ends here must
+  // give its memory back even while the replica's stream stays up.
+  struct PeerJobRef {
+    std::string name;
+    std::weak_ptr<Job> job;
+  };
+  std::unordered_map<uint64_t, PeerJobRef> peer_jobs_;
   std::shared_ptr<Job> partial_job_;  // the job of the partial being read
   PendingPartial partial_;
   std::shared_ptr<Job> job_;
@@ -808,8 +839,32 @@ void Reducer::Impl::erase_job_locked(const std::shared_ptr<Job>& job) {
   auto it = jobs.find(job->name());
   if (it == jobs.end() || it->second != job) return;
   jobs.erase(it);
-  job->retire();
   remember_departures_locked(*job);
+  const std::string why = ended_job_note_locked(job->name());
+  job->retire(why);
+  if (job->participants().size() > 1) {
+    // After every partial this replica sent for it (same streams, in order).
+    auto left = std::make_shared<wire::Control>();
+    auto* pe = left->mutable_peer_error();
+    pe->set_job(job->name());
+    pe->set_workers_left(true);
+    *pe->mutable_error() = make_error(Status(ErrorCode::kPeerLost, "replica (shard " + std::to_string(options.shard) +
+                                                                      ", group " + std::to_string(options.group) +
+                                                                      ") no longer has job '" + job->name() +
+                                                                      "': " + why))
+                               .error();
+    for (uint32_t g : job->participants()) {
+      if (g != options.group) replicas->send_control(g, left);
+    }
+  }
+}
+
+std::string Reducer::Impl::ended_job_note_locked(const std::string& name) const {
+  std::string note = "its workers have left";
+  auto t = tombstones.find(name);
+  if (t == tombstones.end()) return note;
+  for (auto& [rank, reason] : t->second.departures) note += " (rank " + std::to_string(rank) + ": " + reason + ")";
+  return note;
 }
 
 void Reducer::Impl::remove(const std::shared_ptr<WorkerSession>& session,

@@ -181,11 +181,14 @@ class Job : public std::enable_shared_from_this<Job> {
   void on_partial_payload(const FrameHeader& header, PendingPartial& pending);
   // Another replica failed an op (has_op) or the whole job; not forwarded.
   void on_peer_error(const wire::Error& error);
+  // The job has ended on the replica of `group`: every op that still needs
+  // a partial from it fails with `why`, now or when it gets there.
+  void on_replica_left(uint32_t group, const Status& why);
   // The replica of `group` was lost: every op in flight here fails.
   void on_replica_lost(uint32_t group, const Status& why);
   // Taken out of the reducer's job table: partials still arriving for it
-  // are answered with an error.
-  void retire();
+  // are answered with an error that gives `why`.
+  void retire(std::string why);
   // No member, nothing in flight, and memberless for longer than the op
   // timeout (a job created by a replica whose own workers never came).
   bool abandoned(Clock::time_point now) const;
@@ -221,6 +224,7 @@ class Job : public std::enable_shared_from_this<Job> {
   // note on group members that never joined; chunk mu held.
   std::vector<uint32_t> missing_locked(const ChunkState& chunk, std::string* note) const;
   std::string replica_name() const;
+  std::optional<Status> left_group(uint32_t group) const;
   std::vector<std::shared_ptr<JobMember>> members_locked() const;
   // " (rank 0 left earlier: ...)" for the ranks with a known reason.
   std::string history_of(const std::vector<uint32_t>& ranks) const;
@@ -246,8 +250,13 @@ class Job : public std::enable_shared_from_this<Job> {
   std::set<uint32_t> joined_;                        // ranks that ever joined here
   Clock::time_point memberless_since_;
   bool retired_ = false;
+  std::string retired_why_;
   std::optional<Status> lost_;                       // why the job failed for good
   std::vector<uint32_t> lost_ranks_;
+  // Groups whose replica has ended the job, and why. Its own (leaf) lock, so
+  // the butterfly can read it under a chunk's lock.
+  mutable std::mutex left_mu_;
+  std::map<uint32_t, Status> left_groups_;
   // Partials for chunks that have no state here yet (no local contribution).
   std::map<ChunkKey, std::vector<EarlyPartial>> early_;
   std::map<uint32_t, std::string> departed_;         // ranks that said goodbye, and why
