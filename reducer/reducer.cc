@@ -212,6 +212,13 @@ class ReplicaLink final : public FrameHandler, public std::enable_shared_from_th
     });
   }
 
+  // After the I/O threads are joined: breaks the link <-> connection cycle
+  // of a stream whose close never ran (its stop was still queued).
+  void drop() {
+    conn_.reset();
+    queue_.clear();
+  }
+
   // Sends at once while up; while the first connection is still being
   // made, queues until `deadline`; after a loss, fails at once.
   void send(std::function<void(Connection&)> send, std::function<void(const Status&)> fail,
@@ -356,7 +363,12 @@ void Replicas::stop() {
   }
 }
 
-void Replicas::release() { links_.clear(); }
+void Replicas::release() {
+  for (auto& link : links_) {
+    if (link) link->drop();
+  }
+  links_.clear();
+}
 
 void Replicas::send_partial(uint32_t group, const FrameHeader& header, std::shared_ptr<Slab> slab,
                             size_t byte_offset, std::chrono::steady_clock::time_point deadline,
