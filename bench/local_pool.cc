@@ -53,6 +53,7 @@ Result<std::unique_ptr<LocalPool>> LocalPool::start(const LocalPoolOptions& opti
     auto p = Process::spawn(spec);
     if (!p) return p.status();
     pool->processes_.push_back(std::move(*p));
+    pool->specs_.push_back(std::move(spec));
   }
   const auto deadline = std::chrono::steady_clock::now() + options.start_timeout;
   pool->addresses_.resize(count);
@@ -83,6 +84,32 @@ Result<std::unique_ptr<LocalPool>> LocalPool::start(const LocalPoolOptions& opti
     std::rename(tmp.c_str(), pool_file.c_str());
   }
   return pool;
+}
+
+Status LocalPool::restart(uint32_t index, std::chrono::milliseconds timeout) {
+  processes_[index].terminate(std::chrono::milliseconds(0));  // reaps it if already dead
+  ProcessSpec spec = specs_[index];
+  const std::string ready = dir_ + "/ready-" + std::to_string(index) + "-again";
+  for (size_t i = 0; i + 1 < spec.args.size(); ++i) {
+    if (spec.args[i] == "--listen") spec.args[i + 1] = addresses_[index];
+    if (spec.args[i] == "--ready-file") spec.args[i + 1] = ready;
+  }
+  if (!spec.stderr_path.empty()) spec.stderr_path += ".again";
+  auto p = Process::spawn(spec);
+  if (!p) return p.status();
+  processes_[index] = std::move(*p);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (access(ready.c_str(), F_OK) != 0) {
+    if (auto st = processes_[index].wait_for(std::chrono::milliseconds(0))) {
+      return Status(ErrorCode::kUnavailable, "reducer " + std::to_string(index) + " exited with status " +
+                                                 std::to_string(*st) + " on restart");
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      return Status(ErrorCode::kTimeout, "reducer " + std::to_string(index) + " did not listen again");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return Status::ok();
 }
 
 std::vector<int> LocalPool::stop(std::chrono::milliseconds grace) {

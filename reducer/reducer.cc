@@ -82,6 +82,8 @@ struct Reducer::Impl : std::enable_shared_from_this<Reducer::Impl> {
   Result<std::shared_ptr<Job>> create_job_locked(JobSettings settings);
   std::shared_ptr<Job> find_job(const std::string& name);
   void on_replica_lost(uint32_t group, const Status& why);
+  // PeerJob messages of the jobs `group` takes part in.
+  std::vector<std::shared_ptr<const wire::Control>> announcements(uint32_t group);
   // Takes `job` out of the table; mu held.
   void erase_job_locked(const std::shared_ptr<Job>& job);
   // Why an ended job's workers left, from its tombstone; mu held.
@@ -176,6 +178,9 @@ class Replicas final : public ReplicaMesh, public std::enable_shared_from_this<R
     return hp;
   }
   void set_up(uint32_t group, bool outbound, bool up, const Status& why = {});
+  // PeerJob messages of the live jobs `group` takes part in, for a new
+  // stream to it (the replica's session for the old one has forgotten them).
+  std::vector<std::shared_ptr<const wire::Control>> announcements(uint32_t group);
 
  private:
   struct Peer {
@@ -304,6 +309,7 @@ class ReplicaLink final : public FrameHandler, public std::enable_shared_from_th
     h->set_group(options_.group);
     h->set_group_count(options_.group_count);
     conn_->send_control(hello);
+    for (auto& announce : owner_->announcements(group_)) conn_->send_control(*announce);
     up_ = true;
     ever_up_ = true;
     spdlog::info("connected to {}", owner_->describe(group_));
@@ -383,9 +389,15 @@ void Replicas::send_partial(uint32_t group, const FrameHeader& header, std::shar
 }
 
 void Replicas::send_control(uint32_t group, std::shared_ptr<const wire::Control> message) {
+  // Control messages hold no slab and a PeerJob must never be dropped
+  // before its partials: they wait for the first connection however long.
   links_.at(group)->send([message](Connection& conn) { conn.send_control(*message); },
-                         [](const Status&) {},
-                         std::chrono::steady_clock::now() + std::chrono::milliseconds(options_.connection.peer_timeout));
+                         [](const Status&) {}, std::chrono::steady_clock::time_point::max());
+}
+
+std::vector<std::shared_ptr<const wire::Control>> Replicas::announcements(uint32_t group) {
+  auto reducer = reducer_.lock();
+  return reducer ? reducer->announcements(group) : std::vector<std::shared_ptr<const wire::Control>>{};
 }
 
 void Replicas::set_up(uint32_t group, bool outbound, bool up, const Status& why) {
@@ -834,6 +846,16 @@ std::shared_ptr<Job> Reducer::Impl::find_job(const std::string& name) {
   std::lock_guard lock(mu);
   auto it = jobs.find(name);
   return it == jobs.end() ? nullptr : it->second;
+}
+
+std::vector<std::shared_ptr<const wire::Control>> Reducer::Impl::announcements(uint32_t group) {
+  std::vector<std::shared_ptr<const wire::Control>> out;
+  std::lock_guard lock(mu);
+  for (auto& [name, job] : jobs) {
+    const auto& p = job->participants();
+    if (p.size() > 1 && std::find(p.begin(), p.end(), group) != p.end()) out.push_back(job->peer_job_message());
+  }
+  return out;
 }
 
 void Reducer::Impl::on_replica_lost(uint32_t group, const Status& why) {

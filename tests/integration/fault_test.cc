@@ -194,6 +194,29 @@ TEST(Fault, KilledReplicaFailsEveryWorkerOfEveryGroup) {
   }
 }
 
+// A replica that is killed and started again on its address is redialled
+// by the others, and the pool serves a new job across all groups.
+TEST(Fault, RestartedReplicaIsReconnected) {
+  PoolSpec spec;
+  spec.shards = 1;
+  spec.groups = 2;
+  TestCluster cluster(spec);
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  expect_allreduce_works(cluster, 4, "before-restart");
+  cluster.kill_reducer(1, SIGKILL);
+  ASSERT_TRUE(eventually([&] { return contains(cluster.reducer_log(0), "group 1) at " + cluster.addresses()[1] + " lost"); }, 10s))
+      << cluster.reducer_log(0);
+  ASSERT_TRUE(cluster.restart_reducer(1).is_ok());
+  // Reducer 0 dials it again; it dials reducer 0.
+  ASSERT_TRUE(eventually([&] {
+    const std::string log = cluster.reducer_log(0);
+    size_t n = 0;
+    for (size_t at = log.find("connected to replica"); at != std::string::npos; at = log.find("connected to replica", at + 1)) ++n;
+    return n >= 2 && contains(log.substr(log.rfind("lost")), "inbound stream of replica group 1");
+  }, 10s)) << cluster.reducer_log(0);
+  expect_allreduce_works(cluster, 4, "after-restart");
+}
+
 // A worker lost in one group fails the op on the workers of the other
 // groups too, naming the lost rank (forwarded between replicas).
 TEST(Fault, KilledWorkerFailsTheOtherGroups) {

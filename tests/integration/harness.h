@@ -48,6 +48,11 @@ class TestCluster {
     killed_.insert(index);
     pool_->reducer(index).signal(sig);
   }
+  // Starts a killed reducer again on its address; it is checked at teardown again.
+  Status restart_reducer(uint32_t index) {
+    killed_.erase(index);
+    return pool_->restart(index);
+  }
   std::string reducer_log(uint32_t index) const;
   uint32_t groups() const { return groups_; }
   const std::string& dir() const { return dir_; }

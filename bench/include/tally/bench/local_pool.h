@@ -44,6 +44,10 @@ class LocalPool {
   Process& reducer(uint32_t index) { return processes_[index]; }
   // Where reducer `index` writes its counters (with options.stats).
   std::string stats_path(uint32_t index) const { return dir_ + "/stats-" + std::to_string(index); }
+  // Starts reducer `index` again, on the address it had (after it was
+  // killed), with the same arguments, and waits until it listens.
+  // Errors: as start().
+  Status restart(uint32_t index, std::chrono::milliseconds timeout = std::chrono::milliseconds(15000));
   uint32_t shards() const { return shards_; }
   uint32_t groups() const { return groups_; }
 
@@ -53,6 +57,7 @@ class LocalPool {
   uint32_t shards_ = 1;
   uint32_t groups_ = 1;
   std::vector<Process> processes_;
+  std::vector<ProcessSpec> specs_;
   std::vector<std::string> addresses_;
 };
 
