@@ -5,6 +5,13 @@
 // (--worker, configured by TALLY_* like any training process) runs the sweep
 // as one rank; rank 0 prints the table and writes --json. Each size is
 // checked for correctness apart from the timed loop, after warm-up.
+//
+// With --reducer-stats (the driver passes it for a local pool), rank 0 also
+// reads every reducer's counters (tally-reducer --stats-file) just before
+// and just after each size's timed loop, with all ranks held at a barrier
+// (a one-element all-reduce) while it does, and prints the payload bytes
+// each reducer received and sent per op, from workers and from the other
+// replicas, beside the formula's values.
 #include <CLI/CLI.hpp>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
@@ -24,6 +31,8 @@
 #include "tally/bench/pattern.h"
 #include "tally/bench/process.h"
 #include "tally/client/client.h"
+#include "tally/protocol/chunking.h"
+#include "tally/protocol/groups.h"
 
 namespace tally::bench {
 namespace {
@@ -38,6 +47,80 @@ struct SweepOptions {
   std::string redop = "sum";
   std::string json_path;
   bool check = true;
+  std::vector<std::string> reducer_stats;  // counters files, by reducer index ((group, shard) order)
+};
+
+// One reducer's counters (payload bytes), as its --stats-file has them.
+struct Counters {
+  double worker_in = 0, worker_out = 0, replica_in = 0, replica_out = 0;
+};
+
+// How long rank 0 waits, with every rank at a barrier, before reading the
+// counters: the reducers rewrite their files every 100 ms.
+constexpr auto kStatsSettle = std::chrono::milliseconds(300);
+
+Counters read_counters(const std::string& path) {
+  Counters c;
+  std::ifstream in(path);
+  std::string name;
+  double value = 0;
+  while (in >> name) {
+    if (name == "#") {
+      std::string rest;
+      std::getline(in, rest);
+      continue;
+    }
+    if (!(in >> value)) break;
+    if (name == "tally_worker_bytes_received_total") c.worker_in = value;
+    if (name == "tally_worker_bytes_sent_total") c.worker_out = value;
+    if (name == "tally_replica_bytes_received_total") c.replica_in = value;
+    if (name == "tally_replica_bytes_sent_total") c.replica_out = value;
+  }
+  return c;
+}
+
+// Bytes per op the design predicts for reducer (shard s, group g), for a
+// tensor of `bytes` (docs/architecture.md, Traffic): from and to workers
+// w_g x (shard s's bytes); to and from the other replicas, per chunk of E
+// elements and L bytes, 2(P-1)/P x L (E >= P) or log2(P) x L (E < P) for a
+// core replica, plus L for a core replica paired with an extra, and L for
+// an extra.
+struct Expected {
+  double worker = 0, replica_in = 0, replica_out = 0;
+};
+
+Expected expected_bytes(const ChunkPlan& plan, size_t esize, uint32_t shard, uint32_t group,
+                        const std::vector<uint32_t>& sizes) {
+  Expected e;
+  uint32_t n = 0, index = 0;
+  for (uint32_t g = 0; g < sizes.size(); ++g) {
+    if (sizes[g] == 0) continue;
+    if (g == group) index = n;
+    ++n;
+  }
+  uint32_t p = 1, levels = 0;
+  while (p * 2 <= n) p *= 2, ++levels;
+  for (uint64_t k = shard; k < plan.chunk_count(); k += plan.shards()) {
+    const double len = static_cast<double>(plan.chunk(k).length);
+    e.worker += sizes[group] * len;
+    if (n <= 1) continue;
+    if (index >= p) {
+      e.replica_in += len;
+      e.replica_out += len;
+      continue;
+    }
+    const double core = plan.chunk(k).length / esize >= p ? 2.0 * (p - 1) / p * len : levels * len;
+    const double fold = index < n - p ? len : 0;
+    e.replica_in += core + fold;
+    e.replica_out += core + fold;
+  }
+  return e;
+}
+
+struct ReducerRow {
+  uint32_t shard, group;
+  Counters measured;  // per op
+  Expected expected;
 };
 
 struct Row {
@@ -46,6 +129,7 @@ struct Row {
   double time_us;
   double algbw;
   double wrong;
+  std::vector<ReducerRow> reducers;
 };
 
 std::string human_bytes(size_t b) {
@@ -92,10 +176,27 @@ int run_worker(const SweepOptions& sweep) {
   std::memset(mem, 0, capacity);
 
   const bool leader = client.rank() == 0;
+  const bool measure = !sweep.reducer_stats.empty();
+  if (measure && sweep.reducer_stats.size() != size_t{client.shards()} * client.groups()) {
+    spdlog::error("--reducer-stats lists {} files for {} reducers", sweep.reducer_stats.size(),
+                  client.shards() * client.groups());
+    return 2;
+  }
+  const std::vector<uint32_t> group_sizes = default_group_sizes(client.world_size(), client.groups());
+  // Every rank takes part; rank 0 reads the counters while the others wait.
+  double barrier_value = 0;
+  auto barrier = [&] { return client.allreduce(&barrier_value, 1, DType::kFloat64, RedOp::kSum); };
+  auto snapshot = [&] {
+    std::vector<Counters> out;
+    if (!leader) return out;
+    std::this_thread::sleep_for(kStatsSettle);
+    for (auto& path : sweep.reducer_stats) out.push_back(read_counters(path));
+    return out;
+  };
   std::vector<Row> rows;
   if (leader) {
-    std::printf("# tally-bench %s (%s) transport=%s W=%u S=%u G=1 chunk=%s\n", TALLY_VERSION,
-                TALLY_GIT_SHA, options->transport.c_str(), client.world_size(), client.shards(),
+    std::printf("# tally-bench %s (%s) transport=%s W=%u S=%u G=%u chunk=%s\n", TALLY_VERSION,
+                TALLY_GIT_SHA, options->transport.c_str(), client.world_size(), client.shards(), client.groups(),
                 human_bytes(options->chunk_bytes).c_str());
     std::printf("# reduction server: every worker sends and receives the buffer once, so busbw = algbw\n");
     std::printf("# warm-up %d, timed %d iterations; time is the mean over ranks; #wrong is checked "
@@ -122,6 +223,12 @@ int run_worker(const SweepOptions& sweep) {
       }
     }
     for (int i = 0; status && i < sweep.warmup; ++i) status = client.allreduce(mem, count, *dtype, *redop);
+    std::vector<Counters> before;
+    if (measure && status) {
+      status = barrier();
+      before = snapshot();
+      if (status) status = barrier();
+    }
     const auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; status && i < sweep.iters; ++i) status = client.allreduce(mem, count, *dtype, *redop);
     const auto t1 = std::chrono::steady_clock::now();
@@ -132,12 +239,32 @@ int run_worker(const SweepOptions& sweep) {
     double stats[2] = {std::chrono::duration<double, std::micro>(t1 - t0).count() / std::max(1, sweep.iters),
                        static_cast<double>(wrong)};
     status = client.allreduce(stats, 2, DType::kFloat64, RedOp::kSum);
+    std::vector<Counters> after;
+    if (measure && status) {
+      after = snapshot();
+      status = barrier();
+    }
     if (!status) {
       spdlog::error("rank {}: gathering results failed: {}", client.rank(), status.to_string());
       return 1;
     }
-    Row row{count * esize, count, stats[0] / client.world_size(), 0, stats[1]};
+    Row row{count * esize, count, stats[0] / client.world_size(), 0, stats[1], {}};
     row.algbw = row.time_us > 0 ? static_cast<double>(row.bytes) / row.time_us / 1e3 : 0;
+    if (measure && leader) {
+      const ChunkPlan plan(row.bytes, esize, options->chunk_bytes, client.shards());
+      const double n = sweep.iters;
+      for (size_t i = 0; i < after.size(); ++i) {
+        ReducerRow rr;
+        rr.shard = static_cast<uint32_t>(i % client.shards());
+        rr.group = static_cast<uint32_t>(i / client.shards());
+        rr.measured.worker_in = (after[i].worker_in - before[i].worker_in) / n;
+        rr.measured.worker_out = (after[i].worker_out - before[i].worker_out) / n;
+        rr.measured.replica_in = (after[i].replica_in - before[i].replica_in) / n;
+        rr.measured.replica_out = (after[i].replica_out - before[i].replica_out) / n;
+        rr.expected = expected_bytes(plan, esize, rr.shard, rr.group, group_sizes);
+        row.reducers.push_back(rr);
+      }
+    }
     if (row.wrong > 0) exit_code = 3;
     if (leader) {
       rows.push_back(row);
@@ -154,23 +281,58 @@ int run_worker(const SweepOptions& sweep) {
     if (!rows.empty()) avg /= static_cast<double>(rows.size());
     std::printf("# Out of bounds values : %s\n", exit_code == 0 ? "0 OK" : "FAILED");
     std::printf("# Avg bus bandwidth    : %.3f\n#\n", avg);
+    if (measure) {
+      std::printf("# Payload bytes per op at each reducer (shard s, group g; w = workers of the group), "
+                  "measured from its counters over the timed loop,\n"
+                  "# and the formula's: workers w x N_s each way (N_s: shard s's bytes of the tensor); "
+                  "replicas 2(P-1)/P x N_s each way\n"
+                  "# (P: largest power of two <= groups with workers; +N_s for a replica paired with an "
+                  "extra; an extra sends and receives N_s)\n");
+      std::printf("# %10s %3s %3s %3s %12s %12s %12s %12s | %12s %12s %12s\n", "size", "s", "g", "w",
+                  "worker-in", "worker-out", "replica-in", "replica-out", "f:worker", "f:replica-in",
+                  "f:replica-out");
+      for (const Row& r : rows) {
+        for (const ReducerRow& rr : r.reducers) {
+          std::printf("  %10zu %3u %3u %3u %12.0f %12.0f %12.0f %12.0f | %12.0f %12.0f %12.0f\n", r.bytes,
+                      rr.shard, rr.group, group_sizes[rr.group], rr.measured.worker_in, rr.measured.worker_out,
+                      rr.measured.replica_in, rr.measured.replica_out, rr.expected.worker,
+                      rr.expected.replica_in, rr.expected.replica_out);
+        }
+      }
+      std::printf("#\n");
+    }
     if (!sweep.json_path.empty()) {
       std::ofstream out(sweep.json_path);
       out << "{\n  \"tool\": \"tally-bench\",\n  \"version\": \"" << TALLY_VERSION
           << "\",\n  \"git\": \"" << TALLY_GIT_SHA << "\",\n  \"transport\": \"" << options->transport << "\",\n"
           << "  \"workers\": " << client.world_size() << ",\n  \"shards\": " << client.shards()
-          << ",\n  \"groups\": 1,\n  \"chunk_bytes\": " << options->chunk_bytes
+          << ",\n  \"groups\": " << client.groups() << ",\n  \"chunk_bytes\": " << options->chunk_bytes
           << ",\n  \"busbw_factor\": 1.0,\n  \"rows\": [\n";
       for (size_t i = 0; i < rows.size(); ++i) {
         const Row& r = rows[i];
         char line[512];
         std::snprintf(line, sizeof(line),
                       "    {\"size\": %zu, \"count\": %zu, \"type\": \"%s\", \"redop\": \"%s\", "
-                      "\"time_us\": %.3f, \"algbw_gbps\": %.6f, \"busbw_gbps\": %.6f, \"wrong\": %.0f}%s\n",
+                      "\"time_us\": %.3f, \"algbw_gbps\": %.6f, \"busbw_gbps\": %.6f, \"wrong\": %.0f",
                       r.bytes, r.count, std::string(dtype_name(*dtype)).c_str(),
-                      std::string(redop_name(*redop)).c_str(), r.time_us, r.algbw, r.algbw, r.wrong,
-                      i + 1 < rows.size() ? "," : "");
+                      std::string(redop_name(*redop)).c_str(), r.time_us, r.algbw, r.algbw, r.wrong);
         out << line;
+        if (!r.reducers.empty()) {
+          out << ", \"reducers\": [";
+          for (size_t j = 0; j < r.reducers.size(); ++j) {
+            const ReducerRow& rr = r.reducers[j];
+            std::snprintf(line, sizeof(line),
+                          "%s{\"shard\": %u, \"group\": %u, \"worker_in\": %.0f, \"worker_out\": %.0f, "
+                          "\"replica_in\": %.0f, \"replica_out\": %.0f, \"expected_worker\": %.0f, "
+                          "\"expected_replica_in\": %.0f, \"expected_replica_out\": %.0f}",
+                          j ? ", " : "", rr.shard, rr.group, rr.measured.worker_in, rr.measured.worker_out,
+                          rr.measured.replica_in, rr.measured.replica_out, rr.expected.worker,
+                          rr.expected.replica_in, rr.expected.replica_out);
+            out << line;
+          }
+          out << "]";
+        }
+        out << "}" << (i + 1 < rows.size() ? "," : "") << "\n";
       }
       out << "  ],\n  \"avg_busbw_gbps\": " << avg << "\n}\n";
       if (!out) {
@@ -214,7 +376,7 @@ double children_cpu_seconds() {
 }
 
 int run_phase(const Phase& phase, const SweepOptions& sweep, const std::string& pool, uint32_t workers,
-              size_t chunk_bytes, int64_t op_timeout_ms, const std::string& fabric_provider,
+              uint32_t groups, size_t chunk_bytes, int64_t op_timeout_ms, const std::string& fabric_provider,
               const std::string& log_level, LocalPool* local,
               std::chrono::steady_clock::time_point deadline) {
   std::vector<std::string> args{"--worker", "-b", std::to_string(sweep.min_bytes), "-e",
@@ -225,6 +387,12 @@ int run_phase(const Phase& phase, const SweepOptions& sweep, const std::string& 
   if (!phase.json_path.empty()) {
     args.push_back("--json");
     args.push_back(phase.json_path);
+  }
+  if (local) {
+    std::string paths;
+    for (uint32_t i = 0; i < local->addresses().size(); ++i) paths += (i ? "," : "") + local->stats_path(i);
+    args.push_back("--reducer-stats");
+    args.push_back(paths);
   }
   auto reducer_cpu = [&]() -> std::optional<double> {
     if (!local) return std::nullopt;
@@ -247,6 +415,7 @@ int run_phase(const Phase& phase, const SweepOptions& sweep, const std::string& 
                 {"TALLY_JOB", phase.job},
                 {"TALLY_RANK", std::to_string(r)},
                 {"TALLY_WORLD_SIZE", std::to_string(workers)},
+                {"TALLY_GROUPS", std::to_string(groups)},
                 {"TALLY_CHUNK_BYTES", std::to_string(chunk_bytes)},
                 {"TALLY_OP_TIMEOUT_MS", std::to_string(op_timeout_ms)},
                 {"TALLY_TRANSPORT", phase.transport}};
@@ -308,6 +477,7 @@ int main(int argc, char** argv) {
   bool worker = false;
   std::string pool;
   uint32_t reducers = 2;
+  uint32_t groups = 1;
   uint32_t workers = 4;
   size_t chunk_bytes = 1u << 20;
   std::string job;
@@ -329,8 +499,14 @@ int main(int argc, char** argv) {
   app.add_option("-o,--op", sweep.redop, "sum or avg")->capture_default_str();
   app.add_option("-c,--check", sweep.check, "check results (1) or not (0)")->capture_default_str();
   app.add_option("--json", sweep.json_path, "also write the table as JSON here");
-  app.add_option("--pool", pool, "use this pool (host:port,... in shard order) instead of a local one");
-  app.add_option("-r,--reducers", reducers, "reducers of the local pool")->capture_default_str()->check(CLI::Range(1, 256));
+  app.add_option("--pool", pool, "use this pool (host:port,... in (group, shard) order) instead of a local one");
+  app.add_option("-r,-S,--reducers,--shards", reducers, "shards of the local pool (reducers per group)")
+      ->capture_default_str()->check(CLI::Range(1, 256));
+  app.add_option("-G,--groups", groups, "replica groups of the pool (the local one has shards x groups reducers)")
+      ->capture_default_str()->check(CLI::Range(1, 64));
+  app.add_option("--reducer-stats", sweep.reducer_stats,
+                 "worker mode: reducers' --stats-file paths in (group, shard) order (the driver sets it)")
+      ->delimiter(',');
   app.add_option("-W,--workers", workers, "worker processes to start")->capture_default_str()->check(CLI::Range(1, 1024));
   app.add_option("--chunk-bytes", chunk_bytes, "chunk size")->transform(CLI::AsSizeValue(false))->capture_default_str();
   app.add_option("--io-threads", io_threads, "I/O threads per local reducer")->capture_default_str();
@@ -371,9 +547,18 @@ int main(int argc, char** argv) {
   if (pool.empty()) {
     LocalPoolOptions lo;
     lo.shards = reducers;
+    lo.groups = groups;
+    lo.stats = true;
     const size_t max_chunk = std::max<size_t>(4u << 20, (chunk_bytes + 4095) / 4096 * 4096);
-    // Room for a few jobs' reservations (window + 2 buffers each) whatever the chunk size.
-    const size_t budget = std::max(memory_budget, 32 * max_chunk);
+    // Room for three jobs' reservations whatever the chunk size: with the
+    // reducers' default window of 8, a job needs 8 x (1 + 2F) + 2 buffers,
+    // F = 2 log2(P) + (1 if G > P) partials received per chunk (P: largest
+    // power of two <= G; F = 0 with one group).
+    uint32_t p = 1, levels = 0;
+    while (p * 2 <= groups) p *= 2, ++levels;
+    const size_t receives = groups > 1 ? 2 * levels + (groups > p ? 1 : 0) : 0;
+    const size_t per_job = 8 * (1 + 2 * receives) + 2;
+    const size_t budget = std::max(memory_budget, std::max<size_t>(32, 3 * per_job) * max_chunk);
     lo.extra_args = {"--io-threads", std::to_string(io_threads), "--memory-budget",
                      std::to_string(budget), "--log-level", log_level,
                      "--max-chunk-bytes", std::to_string(max_chunk)};
@@ -400,7 +585,7 @@ int main(int argc, char** argv) {
       const auto dot = phase.json_path.rfind('.');
       phase.json_path.insert(dot == std::string::npos ? phase.json_path.size() : dot, "." + transport);
     }
-    const int r = run_phase(phase, sweep, pool, workers, chunk_bytes, op_timeout_ms, fabric_provider,
+    const int r = run_phase(phase, sweep, pool, workers, groups, chunk_bytes, op_timeout_ms, fabric_provider,
                             log_level, local.get(), deadline);
     if (r != 0 && result == 0) result = r;
     if (r == 1 || r == 2) break;  // a failed run, not wrong numbers: stop here

@@ -4,6 +4,7 @@
 
 #include <csignal>
 
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -28,25 +29,35 @@ Result<std::unique_ptr<LocalPool>> LocalPool::start(const LocalPoolOptions& opti
   char tmpl[] = "/tmp/tally-pool-XXXXXX";
   if (!mkdtemp(tmpl)) return Status(ErrorCode::kUnavailable, "cannot create a temporary directory");
   pool->dir_ = tmpl;
+  pool->shards_ = options.shards;
+  pool->groups_ = options.groups;
   const std::string binary = options.reducer_path.empty() ? find_reducer_binary() : options.reducer_path;
+  const uint32_t count = options.shards * options.groups;
+  const std::string pool_file = pool->dir_ + "/pool";
   std::vector<std::string> ready_files;
-  for (uint32_t s = 0; s < options.shards; ++s) {
+  for (uint32_t i = 0; i < count; ++i) {
     ProcessSpec spec;
     spec.path = binary;
-    ready_files.push_back(pool->dir_ + "/ready-" + std::to_string(s));
-    spec.args = {"--listen", "127.0.0.1:0", "--shard", std::to_string(s), "--shards",
+    ready_files.push_back(pool->dir_ + "/ready-" + std::to_string(i));
+    spec.args = {"--listen", "127.0.0.1:0", "--shard", std::to_string(i % options.shards), "--shards",
                  std::to_string(options.shards), "--ready-file", ready_files.back()};
+    if (options.groups > 1) {
+      spec.args.insert(spec.args.end(), {"--group", std::to_string(i / options.shards), "--groups",
+                                         std::to_string(options.groups), "--peers", "@" + pool_file});
+    }
+    if (options.stats) spec.args.insert(spec.args.end(), {"--stats-file", pool->stats_path(i)});
     spec.args.insert(spec.args.end(), options.extra_args.begin(), options.extra_args.end());
     if (!options.log_dir.empty()) {
-      spec.stderr_path = options.log_dir + "/reducer-" + std::to_string(s) + ".log";
+      spec.stderr_path = options.log_dir + "/reducer-" + std::to_string(i) + ".log";
     }
     auto p = Process::spawn(spec);
     if (!p) return p.status();
     pool->processes_.push_back(std::move(*p));
+    pool->specs_.push_back(std::move(spec));
   }
   const auto deadline = std::chrono::steady_clock::now() + options.start_timeout;
-  pool->addresses_.resize(options.shards);
-  for (uint32_t s = 0; s < options.shards; ++s) {
+  pool->addresses_.resize(count);
+  for (uint32_t s = 0; s < count; ++s) {
     while (true) {
       std::ifstream in(ready_files[s]);
       std::string address;
@@ -66,7 +77,39 @@ Result<std::unique_ptr<LocalPool>> LocalPool::start(const LocalPoolOptions& opti
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
   }
+  if (options.groups > 1) {
+    // The reducers dial each other once this appears (written whole).
+    const std::string tmp = pool_file + ".tmp";
+    std::ofstream(tmp) << pool->pool_string() << "\n";
+    std::rename(tmp.c_str(), pool_file.c_str());
+  }
   return pool;
+}
+
+Status LocalPool::restart(uint32_t index, std::chrono::milliseconds timeout) {
+  processes_[index].terminate(std::chrono::milliseconds(0));  // reaps it if already dead
+  ProcessSpec spec = specs_[index];
+  const std::string ready = dir_ + "/ready-" + std::to_string(index) + "-again";
+  for (size_t i = 0; i + 1 < spec.args.size(); ++i) {
+    if (spec.args[i] == "--listen") spec.args[i + 1] = addresses_[index];
+    if (spec.args[i] == "--ready-file") spec.args[i + 1] = ready;
+  }
+  if (!spec.stderr_path.empty()) spec.stderr_path += ".again";
+  auto p = Process::spawn(spec);
+  if (!p) return p.status();
+  processes_[index] = std::move(*p);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (access(ready.c_str(), F_OK) != 0) {
+    if (auto st = processes_[index].wait_for(std::chrono::milliseconds(0))) {
+      return Status(ErrorCode::kUnavailable, "reducer " + std::to_string(index) + " exited with status " +
+                                                 std::to_string(*st) + " on restart");
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      return Status(ErrorCode::kTimeout, "reducer " + std::to_string(index) + " did not listen again");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return Status::ok();
 }
 
 std::vector<int> LocalPool::stop(std::chrono::milliseconds grace) {

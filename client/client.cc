@@ -25,6 +25,7 @@
 #include "tally/protocol/chunking.h"
 #include "tally/protocol/control.h"
 #include "tally/protocol/frame.h"
+#include "tally/protocol/groups.h"
 #include "tally/protocol/tcp_transport.h"
 
 namespace tally {
@@ -88,6 +89,8 @@ class ShardLink;
 struct Client::Impl {
   ClientOptions options;
   uint64_t job = 0;
+  uint32_t group = 0;
+  std::vector<uint32_t> group_sizes;  // as sent in Hello
   asio::io_context io{1};
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> guard;
   std::thread thread;
@@ -227,6 +230,9 @@ class ShardLink final : public FrameHandler, public std::enable_shared_from_this
     h->set_world_size(client_.options.world_size);
     h->set_op_timeout_ms(static_cast<uint32_t>(client_.options.op_timeout.count()));
     h->set_client_version(TALLY_VERSION);
+    h->set_group(client_.group);
+    for (uint32_t n : client_.group_sizes) h->add_group_sizes(n);
+    h->set_groups_explicit(client_.options.group.has_value());
     if (Status s = conn_->describe_data_path(h->mutable_data_path()); !s.is_ok()) {
       Status why = s.with_context("shard " + std::to_string(shard_));
       settle(why);
@@ -241,12 +247,17 @@ class ShardLink final : public FrameHandler, public std::enable_shared_from_this
       return conn_->close(Status(ErrorCode::kProtocol, who + " sent a second welcome"));
     }
     Status bad;
-    if (w.shard_count() != client_.links.size() || w.shard() != shard_) {
+    const uint32_t group_count = std::max<uint32_t>(w.group_count(), 1);
+    if (w.shard_count() != client_.links.size() || w.shard() != shard_ ||
+        group_count != client_.options.groups || w.group() != client_.group) {
       bad = Status(ErrorCode::kInvalidArgument,
                    who + " is shard " + std::to_string(w.shard()) + " of " +
-                       std::to_string(w.shard_count()) + ", but TALLY_POOL lists it as shard " +
-                       std::to_string(shard_) + " of " + std::to_string(client_.links.size()) +
-                       " (the pool must list every reducer, in shard order)");
+                       std::to_string(w.shard_count()) + " in group " + std::to_string(w.group()) + " of " +
+                       std::to_string(group_count) + ", but TALLY_POOL lists it as shard " +
+                       std::to_string(shard_) + " of " + std::to_string(client_.links.size()) + " in group " +
+                       std::to_string(client_.group) + " of " + std::to_string(client_.options.groups) +
+                       " (the pool must list every reducer in shard order, group after group, i.e. in "
+                       "(group, shard) order, and TALLY_GROUPS must match the pool)");
     } else if (client_.options.chunk_bytes > w.max_chunk_bytes()) {
       bad = Status(ErrorCode::kInvalidArgument,
                    "chunk size " + std::to_string(client_.options.chunk_bytes) + " exceeds " + who +
@@ -469,6 +480,28 @@ Status validate(const ClientOptions& o) {
     return bad("rank " + std::to_string(o.rank) + " is not below world size " +
                std::to_string(o.world_size));
   }
+  if (o.groups == 0) return bad("TALLY_GROUPS must be at least 1");
+  if (o.pool.size() % o.groups != 0) {
+    return bad("TALLY_POOL lists " + std::to_string(o.pool.size()) + " reducers, which is not a multiple of " +
+               "TALLY_GROUPS=" + std::to_string(o.groups) +
+               " (the pool lists the S reducers of each group, in (group, shard) order)");
+  }
+  if (o.group) {
+    if (*o.group >= o.groups) {
+      return bad("rank " + std::to_string(o.rank) + " is in group " + std::to_string(*o.group) +
+                 " but the pool has " + std::to_string(o.groups) + " groups (0.." +
+                 std::to_string(o.groups - 1) + ")");
+    }
+    uint64_t total = 0;
+    for (uint32_t n : o.group_sizes) total += n;
+    if (o.group_sizes.size() != o.groups || total != o.world_size || o.group_sizes[*o.group] == 0) {
+      return bad("TALLY_GROUP needs TALLY_GROUP_SIZES: " + std::to_string(o.groups) +
+                 " worker counts, one per group, that add up to the world size " + std::to_string(o.world_size) +
+                 " and give group " + std::to_string(*o.group) + " at least one worker");
+    }
+  } else if (!o.group_sizes.empty()) {
+    return bad("TALLY_GROUP_SIZES is only used with TALLY_GROUP");
+  }
   if (o.chunk_bytes < 8) return bad("chunk size must be at least 8 bytes");
   if (o.op_timeout.count() <= 0 || o.op_timeout.count() > std::numeric_limits<uint32_t>::max()) {
     return bad("op timeout must be positive (milliseconds)");
@@ -492,7 +525,7 @@ Result<ClientOptions> client_options_from_env() {
     return std::string(v);
   };
   auto pool = get("TALLY_POOL");
-  if (!pool) return Status(ErrorCode::kInvalidArgument, "TALLY_POOL is not set (host:port,... in shard order)");
+  if (!pool) return Status(ErrorCode::kInvalidArgument, "TALLY_POOL is not set (host:port,... in (group, shard) order)");
   std::string_view rest = *pool;
   while (!rest.empty()) {
     auto comma = rest.find(',');
@@ -504,6 +537,20 @@ Result<ClientOptions> client_options_from_env() {
   auto job = get("TALLY_JOB");
   if (!job) return Status(ErrorCode::kInvalidArgument, "TALLY_JOB is not set");
   o.job = *job;
+  if (auto sizes = get("TALLY_GROUP_SIZES")) {
+    std::string_view rest = *sizes;
+    while (true) {
+      auto comma = rest.find(',');
+      auto parsed = parse_u64("TALLY_GROUP_SIZES", rest.substr(0, comma));
+      if (!parsed) return parsed.status();
+      if (*parsed > std::numeric_limits<uint32_t>::max()) {
+        return Status(ErrorCode::kInvalidArgument, "TALLY_GROUP_SIZES has a value that is too large");
+      }
+      o.group_sizes.push_back(static_cast<uint32_t>(*parsed));
+      if (comma == std::string_view::npos) break;
+      rest.remove_prefix(comma + 1);
+    }
+  }
   struct Num {
     const char* name;
     bool required;
@@ -512,6 +559,8 @@ Result<ClientOptions> client_options_from_env() {
   const Num nums[] = {
       {"TALLY_RANK", true, [&](uint64_t v) { o.rank = static_cast<uint32_t>(v); }},
       {"TALLY_WORLD_SIZE", true, [&](uint64_t v) { o.world_size = static_cast<uint32_t>(v); }},
+      {"TALLY_GROUPS", false, [&](uint64_t v) { o.groups = static_cast<uint32_t>(v); }},
+      {"TALLY_GROUP", false, [&](uint64_t v) { o.group = static_cast<uint32_t>(v); }},
       {"TALLY_CHUNK_BYTES", false, [&](uint64_t v) { o.chunk_bytes = v; }},
       {"TALLY_OP_TIMEOUT_MS", false, [&](uint64_t v) { o.op_timeout = milliseconds(v); }},
       {"TALLY_CONNECT_TIMEOUT_MS", false, [&](uint64_t v) { o.connect_timeout = milliseconds(v); }},
@@ -526,7 +575,8 @@ Result<ClientOptions> client_options_from_env() {
     }
     auto parsed = parse_u64(n.name, *v);
     if (!parsed) return parsed.status();
-    if ((n.name == std::string_view("TALLY_RANK") || n.name == std::string_view("TALLY_WORLD_SIZE")) &&
+    if ((n.name == std::string_view("TALLY_RANK") || n.name == std::string_view("TALLY_WORLD_SIZE") ||
+         n.name == std::string_view("TALLY_GROUPS") || n.name == std::string_view("TALLY_GROUP")) &&
         *parsed > std::numeric_limits<uint32_t>::max()) {
       return Status(ErrorCode::kInvalidArgument, std::string(n.name) + " is too large");
     }
@@ -569,8 +619,13 @@ Result<std::unique_ptr<Client>> Client::connect(const ClientOptions& options) {
     if (!fabric) return fabric.status().with_context("job '" + options.job + "' rank " + std::to_string(options.rank));
     impl->fabric = *fabric;
   }
-  for (uint32_t s = 0; s < options.pool.size(); ++s) {
-    impl->links.push_back(std::make_shared<ShardLink>(*impl, s, *parse_host_port(options.pool[s])));
+  impl->group = options.group ? *options.group : default_group_of(options.rank, options.world_size, options.groups);
+  impl->group_sizes = options.group ? options.group_sizes : default_group_sizes(options.world_size, options.groups);
+  // Only the S reducers of this worker's group.
+  const uint32_t shards = static_cast<uint32_t>(options.pool.size() / options.groups);
+  for (uint32_t s = 0; s < shards; ++s) {
+    impl->links.push_back(std::make_shared<ShardLink>(
+        *impl, s, *parse_host_port(options.pool[size_t{impl->group} * shards + s])));
   }
   impl->guard.emplace(asio::make_work_guard(impl->io));
   impl->thread = std::thread([io = &impl->io] { io->run(); });
@@ -675,5 +730,8 @@ Status Client::allreduce(void* data, size_t count, DType dtype, RedOp redop) {
 uint32_t Client::rank() const { return impl_->options.rank; }
 uint32_t Client::world_size() const { return impl_->options.world_size; }
 uint32_t Client::shards() const { return static_cast<uint32_t>(impl_->links.size()); }
+uint32_t Client::groups() const { return impl_->options.groups; }
+uint32_t Client::group() const { return impl_->group; }
+
 
 }  // namespace tally

@@ -92,7 +92,7 @@ Result<FrameHeader> decode_header(std::span<const std::byte, kFrameHeaderBytes> 
   }
   FrameHeader h;
   const uint8_t kind = w.kind.value();
-  if (kind < 1 || kind > 3) return protocol_error("unknown frame kind " + std::to_string(kind));
+  if (kind < 1 || kind > 4) return protocol_error("unknown frame kind " + std::to_string(kind));
   h.kind = static_cast<FrameKind>(kind);
   h.rank = w.rank.value();
   h.job = w.job.value();
@@ -150,7 +150,8 @@ uint64_t job_id(std::string_view job_name) {
 std::string describe(const FrameHeader& h) {
   std::string kind = h.kind == FrameKind::kControl        ? "control"
                      : h.kind == FrameKind::kContribution ? "contribution"
-                                                          : "result";
+                     : h.kind == FrameKind::kResult       ? "result"
+                                                          : "partial";
   return kind + " op=" + std::to_string(h.op) + " chunk=" + std::to_string(h.chunk) +
          " rank=" + std::to_string(h.rank) + " offset=" + std::to_string(h.offset) +
          " length=" + std::to_string(h.length);

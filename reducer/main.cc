@@ -5,16 +5,44 @@
 
 #include <csignal>
 #include <cstdio>
+#include <chrono>
 #include <cstdlib>
+#include <ctime>
 #include <fstream>
 
 #include "tally/reducer/reducer.h"
+
+namespace {
+
+// How often --stats-file is rewritten: fine enough for a bench to read the
+// counters between phases, rare enough to cost nothing.
+constexpr auto kStatsInterval = std::chrono::milliseconds(100);
+
+// The counters in Prometheus text format, written whole (via a rename) so a
+// reader never sees a partial file.
+void write_stats(const std::string& path, const tally::ReducerStats& s) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << "# tally-reducer counters; bytes are payload bytes\n"
+        << "tally_worker_bytes_received_total " << s.bytes_received << "\n"
+        << "tally_worker_bytes_sent_total " << s.bytes_sent << "\n"
+        << "tally_replica_bytes_received_total " << s.replica_bytes_received << "\n"
+        << "tally_replica_bytes_sent_total " << s.replica_bytes_sent << "\n"
+        << "tally_chunks_finished_total " << s.chunks_finished << "\n"
+        << "tally_ops_failed_total " << s.ops_failed << "\n";
+  }
+  std::rename(tmp.c_str(), path.c_str());
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   tally::ReducerOptions options;
   std::string listen = "127.0.0.1:7070";
   std::string log_level = "info";
   std::string ready_file;
+  std::string stats_file;
   size_t memory_budget = options.memory_budget_bytes;
   size_t max_chunk = options.max_chunk_bytes;
   int64_t heartbeat_ms = options.connection.heartbeat_interval.count();
@@ -28,6 +56,16 @@ int main(int argc, char** argv) {
       ->envname("TALLY_SHARD")->capture_default_str();
   app.add_option("--shards", options.shard_count, "number of shards in the pool")
       ->envname("TALLY_SHARDS")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--group", options.group, "this reducer's replica group")
+      ->envname("TALLY_GROUP")->capture_default_str();
+  app.add_option("--groups", options.group_count, "number of replica groups in the pool")
+      ->envname("TALLY_GROUPS")->capture_default_str()->check(CLI::Range(1, 1024));
+  app.add_option("--peers", options.peers,
+                 "with --groups > 1: the whole pool, host:port,... in (group, shard) order, or @FILE holding it")
+      ->envname("TALLY_PEERS");
+  app.add_option("--stats-file", stats_file,
+                 "rewrite the counters here (Prometheus text format) every 100 ms and at exit")
+      ->envname("TALLY_STATS_FILE");
   app.add_option("--io-threads", options.io_threads, "I/O threads")
       ->envname("TALLY_IO_THREADS")->capture_default_str()->check(CLI::Range(1, 256));
   app.add_option("--memory-budget", memory_budget, "chunk memory, e.g. 512MiB")
@@ -99,12 +137,20 @@ int main(int argc, char** argv) {
     std::rename(tmp.c_str(), ready_file.c_str());  // readers never see a partial file
   }
   int sig = 0;
-  sigwait(&signals, &sig);
+  if (stats_file.empty()) {
+    sigwait(&signals, &sig);
+  } else {
+    const timespec interval{0, std::chrono::nanoseconds(kStatsInterval).count()};
+    while ((sig = sigtimedwait(&signals, nullptr, &interval)) < 0) write_stats(stats_file, (*reducer)->stats());
+  }
   spdlog::info("received {}, shutting down", sig == SIGINT ? "SIGINT" : "SIGTERM");
   auto stats = (*reducer)->stats();
   (*reducer)->stop();
   (*reducer)->wait();
-  spdlog::info("done: {} chunks summed, {} bytes in, {} bytes out, {} ops failed",
-               stats.chunks_finished, stats.bytes_received, stats.bytes_sent, stats.ops_failed);
+  if (!stats_file.empty()) write_stats(stats_file, (*reducer)->stats());
+  spdlog::info("done: {} chunks summed, {} bytes in, {} bytes out, {} replica bytes in, {} replica bytes out, "
+               "{} ops failed",
+               stats.chunks_finished, stats.bytes_received, stats.bytes_sent, stats.replica_bytes_received,
+               stats.replica_bytes_sent, stats.ops_failed);
   return 0;
 }

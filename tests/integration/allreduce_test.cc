@@ -3,6 +3,8 @@
 // the closed-form sum of tally/bench/pattern.h exactly.
 #include <gtest/gtest.h>
 
+#include <map>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -152,6 +154,140 @@ std::vector<Case> types_and_ops() {
 }
 
 INSTANTIATE_TEST_SUITE_P(TypesAndOps, AllreduceTest, ::testing::ValuesIn(types_and_ops()), case_name);
+
+// Replica groups: S shards x G groups of reducers, W workers split into G
+// groups (contiguous blocks; with W = 2G + 1 they are of unequal size). One
+// pool and one set of workers per case runs every size in turn (op k uses
+// the k-th size), so the sweep stays affordable under the sanitizers.
+struct GroupCase {
+  uint32_t workers = 1;
+  uint32_t shards = 1;
+  uint32_t groups = 1;
+  std::vector<uint64_t> counts;
+  std::string dtype = "float";
+  std::string redop = "sum";
+  std::string pattern = "exact";  // or "noisy": order-dependent floats
+};
+
+std::string group_case_name(const ::testing::TestParamInfo<GroupCase>& info) {
+  const GroupCase& c = info.param;
+  std::string name = "Tcp_W" + std::to_string(c.workers) + "_S" + std::to_string(c.shards) + "_G" +
+                     std::to_string(c.groups);
+  const size_t esize = dtype_size(*parse_dtype(c.dtype));
+  for (uint64_t n : c.counts) name += "_" + std::to_string(n * esize) + "B";
+  name += "_" + short_dtype(c.dtype);
+  if (c.redop != "sum") name += "_" + c.redop;
+  if (c.pattern != "exact") name += "_" + c.pattern;
+  return name;
+}
+
+// "op K ok hash H" lines of a worker's output: K -> H.
+std::map<int, std::string> hashes_of(const std::string& out) {
+  std::map<int, std::string> hashes;
+  std::istringstream in(out);
+  std::string line;
+  while (std::getline(in, line)) {
+    int op = 0;
+    char hash[32] = {};
+    if (std::sscanf(line.c_str(), "op %d ok hash %31s", &op, hash) == 2) hashes[op] = hash;
+  }
+  return hashes;
+}
+
+void PrintTo(const GroupCase& c, std::ostream* os) {
+  *os << group_case_name(::testing::TestParamInfo<GroupCase>(c, 0));
+}
+
+class GroupsTest : public ::testing::TestWithParam<GroupCase> {};
+
+TEST_P(GroupsTest, EveryWorkerOfEveryGroupGetsTheSameExactSum) {
+  const GroupCase& c = GetParam();
+  PoolSpec spec;
+  spec.shards = c.shards;
+  spec.groups = c.groups;
+  TestCluster cluster(spec);
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  std::string counts;
+  for (uint64_t n : c.counts) counts += (counts.empty() ? "" : ",") + std::to_string(n);
+  WorkerGroup workers(cluster, "w", unique_job("groups"), c.workers, [&](uint32_t) {
+    return Args{"--counts", counts, "--ops", std::to_string(c.counts.size()), "--dtype", c.dtype,
+                "--op", c.redop, "--pattern", c.pattern};
+  });
+  std::map<int, std::string> reference;
+  for (uint32_t r = 0; r < c.workers; ++r) {
+    WorkerOutput out = workers.wait(r, std::chrono::seconds(90));
+    EXPECT_EQ(out.exit_code, 0) << "rank " << r << ":\n" << out.out;
+    EXPECT_NE(out.out.find("\nok\n"), std::string::npos) << out.out;
+    auto hashes = hashes_of(out.out);
+    EXPECT_EQ(hashes.size(), c.counts.size()) << out.out;
+    if (r == 0) {
+      reference = hashes;
+    } else {
+      // Bitwise the same result, whatever the group.
+      EXPECT_EQ(hashes, reference) << "rank " << r << " (group " << r * c.groups / c.workers << ")";
+    }
+  }
+}
+
+std::vector<GroupCase> group_sweep() {
+  std::vector<GroupCase> cases;
+  const std::vector<uint64_t> all = {0, 1, kChunkElems - 1, kChunkElems + 1, 1009, 37 * kChunkElems + 5};
+  const std::vector<uint64_t> few = {1, kChunkElems + 1, 37 * kChunkElems + 5};
+  for (uint32_t g = 1; g <= 5; ++g) {
+    for (uint32_t s : {1u, 2u}) {
+      std::vector<uint32_t> ws = {g, 2 * g + 1, 3 * g};
+      if (g == 1) ws = {1, 3};
+      for (uint32_t w : ws) {
+        GroupCase c;
+        c.workers = w;
+        c.shards = s;
+        c.groups = g;
+        c.counts = g <= 3 ? all : few;
+        cases.push_back(c);
+      }
+    }
+  }
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Sweep, GroupsTest, ::testing::ValuesIn(group_sweep()), group_case_name);
+
+// Inputs whose float sum depends on the order of addition: every rank of
+// every group must still get the same bits.
+std::vector<GroupCase> order_sensitive() {
+  std::vector<GroupCase> cases;
+  for (uint32_t g = 2; g <= 5; ++g) {
+    GroupCase c;
+    c.workers = 2 * g + 1;
+    c.shards = 2;
+    c.groups = g;
+    c.counts = {1, 3, kChunkElems - 1, 1009, 37 * kChunkElems + 5};
+    c.pattern = "noisy";
+    cases.push_back(c);
+  }
+  GroupCase avg;
+  avg.workers = 7;
+  avg.shards = 2;
+  avg.groups = 3;
+  avg.counts = {1, 1009, 9477};
+  avg.dtype = "double";
+  avg.redop = "avg";
+  avg.pattern = "noisy";
+  cases.push_back(avg);
+  for (std::string dtype : {"int32", "int64"}) {
+    GroupCase ints;
+    ints.workers = 5;
+    ints.shards = 2;
+    ints.groups = 3;
+    ints.counts = {1, 1009};
+    ints.dtype = dtype;
+    ints.redop = "avg";
+    cases.push_back(ints);
+  }
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(OrderSensitive, GroupsTest, ::testing::ValuesIn(order_sensitive()), group_case_name);
 
 }  // namespace
 }  // namespace tally::testing

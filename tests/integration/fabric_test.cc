@@ -605,7 +605,7 @@ TEST(Fabric, ForcedRegistrationOnBothSidesGivesExactSums) {
     for (uint32_t r = 0; r < world; ++r) {
       auto out = group->wait(r, 60s);
       EXPECT_EQ(out.exit_code, 0) << group->name(r) << ":\n" << out.out;
-      EXPECT_TRUE(contains(out.out, "op 5 ok\nok\n")) << out.out;
+      EXPECT_TRUE(contains(out.out, "op 5 ok hash ") && contains(out.out, "\nok\n")) << out.out;
       EXPECT_TRUE(contains(out.out, "registration on")) << out.out;
     }
   }
@@ -941,7 +941,7 @@ class OffLoopback : public ::testing::TestWithParam<std::string> {
       std::string out;
       auto st = ranks[r]->wait(30s, &out);
       EXPECT_EQ(st, std::optional<int>(0)) << tag << " rank " << r << ":\n" << out;
-      EXPECT_TRUE(contains(out, "op 5 ok\nok\n")) << out;
+      EXPECT_TRUE(contains(out, "op 5 ok hash ") && contains(out, "\nok\n")) << out;
       if (GetParam() == "fabric") {
         // The worker's endpoint sits on its veth address, not on loopback.
         EXPECT_TRUE(contains(out, "bound to " + net_->ip_b())) << out;

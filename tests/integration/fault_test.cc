@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <thread>
 #include <cstring>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -166,6 +167,156 @@ TEST_P(TransportFault, KilledReducerFailsEveryWorker) {
   EXPECT_FALSE(cluster.reducer(0).wait_for(0ms).has_value());
 }
 
+// A pool of 2 shards x 3 groups and 6 workers (groups {0,1}, {2,3}, {4,5}).
+// Killing the reducer of shard 1 in group 2 fails every worker of every
+// group within the deadline: group 2's workers lose their stream to it, the
+// others hear from their own reducers that the replica was lost.
+TEST(Fault, KilledReplicaFailsEveryWorkerOfEveryGroup) {
+  PoolSpec spec;
+  spec.shards = 2;
+  spec.groups = 3;
+  TestCluster cluster(spec);
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  const auto op_timeout = 4000ms;
+  WorkerGroup workers(cluster, "w", unique_job("replica-kill"), 6,
+                      [](uint32_t) { return Args{"--count", "9477", "--ops", "200000"}; },
+                      {{"TALLY_OP_TIMEOUT_MS", std::to_string(op_timeout.count())}});
+  ASSERT_TRUE(eventually([&] { return contains(workers.stdout_of(0), "op 20 ok"); }, 30s))
+      << workers.stdout_of(0);
+  const uint32_t victim = 2 * 2 + 1;  // (group 2, shard 1)
+  cluster.kill_reducer(victim, SIGKILL);
+  const auto killed = std::chrono::steady_clock::now();
+  for (uint32_t r = 0; r < 6; ++r) {
+    auto out = workers.wait(r, 2 * op_timeout);
+    const auto took = std::chrono::steady_clock::now() - killed;
+    EXPECT_EQ(out.exit_code, 3) << "rank " << r << ":\n" << out.out;
+    // Every error names the lost reducer: as "lost reducer" where a worker
+    // lost its own stream to it, as "replica ... lost" where a reducer
+    // lost it; either first hand, or quoted from the goodbye of a worker
+    // that failed because of it (whichever failure reaches a worker first).
+    const std::string address = cluster.addresses()[victim];
+    EXPECT_TRUE(contains(out.out, "replica (shard 1, group 2) at " + address + " lost") ||
+                contains(out.out, "lost reducer " + address + " (shard 1)"))
+        << "rank " << r << ":\n" << out.out;
+    EXPECT_LT(took, 2 * op_timeout) << out.out;
+  }
+  // The other reducers survive.
+  for (uint32_t i = 0; i < 6; ++i) {
+    if (i == victim) continue;
+    EXPECT_FALSE(cluster.reducer(i).wait_for(0ms).has_value()) << "reducer " << i;
+  }
+}
+
+// A replica that is killed and started again on its address is redialled
+// by the others, and the pool serves a new job across all groups.
+TEST(Fault, RestartedReplicaIsReconnected) {
+  PoolSpec spec;
+  spec.shards = 1;
+  spec.groups = 2;
+  TestCluster cluster(spec);
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  expect_allreduce_works(cluster, 4, "before-restart");
+  cluster.kill_reducer(1, SIGKILL);
+  ASSERT_TRUE(eventually([&] { return contains(cluster.reducer_log(0), "group 1) at " + cluster.addresses()[1] + " lost"); }, 10s))
+      << cluster.reducer_log(0);
+  ASSERT_TRUE(cluster.restart_reducer(1).is_ok());
+  // Reducer 0 dials it again; it dials reducer 0.
+  ASSERT_TRUE(eventually([&] {
+    const std::string log = cluster.reducer_log(0);
+    size_t n = 0;
+    for (size_t at = log.find("connected to replica"); at != std::string::npos; at = log.find("connected to replica", at + 1)) ++n;
+    return n >= 2 && contains(log.substr(log.rfind("lost")), "inbound stream of replica group 1");
+  }, 10s)) << cluster.reducer_log(0);
+  expect_allreduce_works(cluster, 4, "after-restart");
+}
+
+// A worker lost in one group fails the op on the workers of the other
+// groups too, naming the lost rank (forwarded between replicas).
+TEST(Fault, KilledWorkerFailsTheOtherGroups) {
+  PoolSpec spec;
+  spec.shards = 1;
+  spec.groups = 2;
+  TestCluster cluster(spec);
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  const auto op_timeout = 4000ms;
+  WorkerGroup workers(cluster, "w", unique_job("kill-groups"), 4,
+                      [](uint32_t) { return Args{"--count", "9477", "--ops", "200000"}; },
+                      {{"TALLY_OP_TIMEOUT_MS", std::to_string(op_timeout.count())}});
+  ASSERT_TRUE(eventually([&] { return contains(workers.stdout_of(3), "op 20 ok"); }, 30s))
+      << workers.stdout_of(3);
+  workers.process(1).signal(SIGKILL);  // group 0
+  const auto killed = std::chrono::steady_clock::now();
+  for (uint32_t r : {0u, 2u, 3u}) {
+    auto out = workers.wait(r, 2 * op_timeout);
+    EXPECT_EQ(out.exit_code, 3) << out.out;
+    EXPECT_TRUE(contains(out.out, "rank 1")) << "rank " << r << ":\n" << out.out;
+    EXPECT_LT(std::chrono::steady_clock::now() - killed, 2 * op_timeout) << out.out;
+  }
+}
+
+TEST(Fault, GroupThePoolDoesNotHaveIsRefusedAtConnect) {
+  PoolSpec spec;
+  spec.groups = 3;
+  TestCluster cluster(spec);
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  auto env = cluster.worker_env(unique_job("bad-group"), 5, 6);
+  env["TALLY_GROUP"] = "3";
+  env["TALLY_GROUP_SIZES"] = "2,2,2";
+  auto p = cluster.spawn_worker("w5", {"--count", "10"}, env);
+  auto out = wait_worker(p, cluster, "w5", 10s);
+  EXPECT_EQ(out.exit_code, 2) << out.out;
+  EXPECT_TRUE(contains(out.out, "rank 5 is in group 3 but the pool has 3 groups (0..2)")) << out.out;
+}
+
+TEST(Fault, PoolThatDoesNotMatchTheGroupsIsRefused) {
+  PoolSpec spec;
+  spec.groups = 2;
+  TestCluster cluster(spec);
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  {  // Three addresses for two groups.
+    auto out = run_one(cluster, {{"TALLY_POOL", cluster.pool_string() + ",127.0.0.1:1"}}, 10s);
+    EXPECT_EQ(out.exit_code, 2) << out.out;
+    EXPECT_TRUE(contains(out.out, "not a multiple of TALLY_GROUPS=2")) << out.out;
+  }
+  {  // A worker that does not know the pool has groups takes it for 2 shards.
+    auto out = run_one(cluster, {{"TALLY_GROUPS", "1"}}, 10s);
+    EXPECT_EQ(out.exit_code, 2) << out.out;
+    EXPECT_TRUE(contains(out.out, "serves group 0 of 2")) << out.out;
+    EXPECT_TRUE(contains(out.out, "(group, shard) order")) << out.out;
+  }
+}
+
+// TALLY_GROUP places ranks explicitly (here out of block order, and in
+// groups of 1 and 3); sums are exact and the same on every rank.
+TEST(Groups, ExplicitGroupsOverrideTheBlocks) {
+  PoolSpec spec;
+  spec.shards = 2;
+  spec.groups = 2;
+  TestCluster cluster(spec);
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  for (const auto& [groups, sizes] : std::vector<std::pair<std::vector<int>, std::string>>{
+           {{0, 1, 1, 0}, "2,2"}, {{1, 1, 0, 1}, "1,3"}}) {
+    const std::string job = unique_job("explicit");
+    std::vector<bench::Process> procs;
+    for (uint32_t r = 0; r < 4; ++r) {
+      auto env = cluster.worker_env(job, r, 4);
+      env["TALLY_GROUP"] = std::to_string(groups[r]);
+      env["TALLY_GROUP_SIZES"] = sizes;
+      procs.push_back(cluster.spawn_worker(job + "-" + std::to_string(r),
+                                           {"--counts", "1,257,9477", "--ops", "3"}, env));
+    }
+    std::string reference;
+    for (uint32_t r = 0; r < 4; ++r) {
+      auto out = wait_worker(procs[r], cluster, job + "-" + std::to_string(r), 30s);
+      EXPECT_EQ(out.exit_code, 0) << out.out;
+      EXPECT_TRUE(contains(out.out, "group " + std::to_string(groups[r]) + " ")) << out.out;
+      const std::string hashes = out.out.substr(out.out.find("op 0 ok"));
+      if (r == 0) reference = hashes;
+      EXPECT_EQ(hashes, reference);
+    }
+  }
+}
+
 TEST_P(TransportFault, StragglerTimesOutNamingTheRank) {
   TALLY_SKIP_UNLESS_TRANSPORT(GetParam());
   TestCluster cluster(pool(1));
@@ -235,7 +386,7 @@ TEST_P(TransportFault, MismatchedDtypeFailsEveryRank) {
 void expect_only_op_failed(const WorkerOutput& out, int ops, int failed, const std::string& why) {
   EXPECT_EQ(out.exit_code, 0) << out.out;
   for (int op = 0; op < ops; ++op) {
-    const std::string ok = "op " + std::to_string(op) + " ok\n";
+    const std::string ok = "op " + std::to_string(op) + " ok hash ";
     const std::string error = "op " + std::to_string(op) + " error after ";
     if (op == failed) {
       const auto at = out.out.find(error);
@@ -521,6 +672,25 @@ TEST_P(TransportMemory, TinyQuotaBackPressureStillGivesExactSums) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Memory, TransportMemory, ::testing::Values("tcp", "fabric"), transport_name);
+// The same with three groups: partials from the other replicas compete for
+// the same few buffers (window 1: 1 x (1 + 2 x 3) + 2 = 9 per job), and the
+// replicas' streams pause and resume too. Still exact, still no deadlock.
+TEST(Memory, TinyQuotaBackPressureWithGroups) {
+  PoolSpec spec;
+  spec.shards = 2;
+  spec.groups = 3;
+  spec.reducer_args = {"--max-chunk-bytes", "4096", "--memory-budget", "36KiB", "--window", "1",
+                       "--io-threads", "2", "--log-level", "info"};
+  TestCluster cluster(spec);
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  WorkerGroup workers(cluster, "w", unique_job("tiny-groups"), 7,
+                      [](uint32_t) { return Args{"--count", "40000", "--ops", "3"}; },
+                      {{"TALLY_CHUNK_BYTES", "4096"}});
+  for (uint32_t r = 0; r < 7; ++r) {
+    auto out = workers.wait(r, 60s);
+    EXPECT_EQ(out.exit_code, 0) << out.out;
+  }
+}
 
 // The budget holds one job's buffers: a second job is refused at connect
 // with a clear error, and the first keeps working.
@@ -570,6 +740,53 @@ TEST(Bench, SweepPrintsTheTableWithNoWrongResults) {
   EXPECT_TRUE(contains(json, "\"size\": 262144")) << json;
   EXPECT_TRUE(contains(json, "\"wrong\": 0")) << json;
   EXPECT_FALSE(contains(json, "\"wrong\": 1")) << json;
+  std::filesystem::remove_all(dir);
+}
+
+// A local pool of 2 shards x 3 groups: the table is correct and each
+// reducer's bytes per op match the formula (within the few bytes the
+// barrier ops add).
+TEST(Bench, GroupSweepReportsBytesPerReducer) {
+  char tmpl[] = "/tmp/tally-bench-test-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  bench::ProcessSpec spec;
+  spec.path = TALLY_BENCH_PATH;
+  spec.args = {"-W", "6", "-r", "2", "-G", "3", "-b", "64K", "-e", "256K", "-f", "4", "-w", "1", "-n", "4",
+               "--chunk-bytes", "16K"};
+  spec.env = {{"TALLY_REDUCER", TALLY_REDUCER_PATH}};
+  spec.stdout_path = dir + "/stdout";
+  spec.stderr_path = dir + "/stderr";
+  auto p = bench::Process::spawn(spec);
+  ASSERT_TRUE(p) << p.status().to_string();
+  auto st = p->wait_for(90s);
+  const std::string out = read_file(dir + "/stdout");
+  ASSERT_TRUE(st.has_value());
+  EXPECT_EQ(*st, 0) << out << read_file(dir + "/stderr");
+  EXPECT_TRUE(contains(out, "transport=tcp W=6 S=2 G=3 chunk=16KiB")) << out;
+  EXPECT_TRUE(contains(out, "# Out of bounds values : 0 OK")) << out;
+  // One row per size and reducer: size s g w, 4 measured, '|', 3 formula.
+  size_t rows = 0;
+  std::istringstream in(out);
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream fields(line);
+    double v[8];
+    std::string bar;
+    double f[3];
+    uint64_t size, s, g, w;
+    if (!(fields >> size >> s >> g >> w >> v[0] >> v[1] >> v[2] >> v[3] >> bar >> f[0] >> f[1] >> f[2]) || bar != "|") {
+      continue;
+    }
+    ++rows;
+    EXPECT_EQ(w, 2u) << line;
+    EXPECT_NEAR(v[0], f[0], 64) << line;
+    EXPECT_NEAR(v[1], f[0], 64) << line;
+    EXPECT_NEAR(v[2], f[1], 64) << line;
+    EXPECT_NEAR(v[3], f[2], 64) << line;
+    EXPECT_GT(f[1], 0) << line;
+  }
+  EXPECT_EQ(rows, 2u * 6u) << out;
   std::filesystem::remove_all(dir);
 }
 

@@ -25,6 +25,8 @@ TestCluster::TestCluster(const PoolSpec& spec) {
   dir_ = tmpl;
   bench::LocalPoolOptions options;
   options.shards = spec.shards;
+  options.groups = spec.groups;
+  groups_ = spec.groups;
   options.reducer_path = TALLY_REDUCER_PATH;
   options.extra_args = spec.reducer_args;
   transport_ = spec.transport;
@@ -55,7 +57,7 @@ TestCluster::~TestCluster() {
   // Keep the logs of a failed test for the person reading CI output.
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
   if (info && info->result()->Failed()) {
-    for (uint32_t s = 0; s < 16; ++s) {
+    for (uint32_t s = 0; s < 64; ++s) {
       std::string log = read_file(dir_ + "/reducer-" + std::to_string(s) + ".log");
       if (log.empty()) break;
       std::cerr << "---- reducer " << s << " log ----\n" << log.substr(log.size() > 4000 ? log.size() - 4000 : 0);
@@ -75,6 +77,7 @@ std::map<std::string, std::string> TestCluster::worker_env(const std::string& jo
           {"TALLY_JOB", job},
           {"TALLY_RANK", std::to_string(rank)},
           {"TALLY_WORLD_SIZE", std::to_string(world)},
+          {"TALLY_GROUPS", std::to_string(groups_)},
           {"TALLY_CHUNK_BYTES", "1024"},
           {"TALLY_OP_TIMEOUT_MS", "20000"},
           {"TALLY_CONNECT_TIMEOUT_MS", "10000"},

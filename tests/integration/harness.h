@@ -22,6 +22,7 @@ struct PoolSpec {
   // "tcp", or "fabric": reducers serve the libfabric data path and workers
   // ask for it (TALLY_TRANSPORT).
   std::string transport = "tcp";
+  uint32_t groups = 1;
   // Small buffers so a few KiB already make many chunks.
   std::vector<std::string> reducer_args{"--max-chunk-bytes", "4096", "--memory-budget", "1MiB",
                                         "--window", "4", "--io-threads", "2", "--log-level", "info"};
@@ -43,13 +44,20 @@ class TestCluster {
   const std::string& error() const { return error_; }
   std::string pool_string() const { return pool_->pool_string(); }
   const std::vector<std::string>& addresses() const { return pool_->addresses(); }
-  bench::Process& reducer(uint32_t shard) { return pool_->reducer(shard); }
+  // Reducers by index: group x shards + shard.
+  bench::Process& reducer(uint32_t index) { return pool_->reducer(index); }
   // Kills a reducer; its exit status is then not checked at teardown.
-  void kill_reducer(uint32_t shard, int sig) {
-    killed_.insert(shard);
-    pool_->reducer(shard).signal(sig);
+  void kill_reducer(uint32_t index, int sig) {
+    killed_.insert(index);
+    pool_->reducer(index).signal(sig);
   }
-  std::string reducer_log(uint32_t shard) const;
+  // Starts a killed reducer again on its address; it is checked at teardown again.
+  Status restart_reducer(uint32_t index) {
+    killed_.erase(index);
+    return pool_->restart(index);
+  }
+  std::string reducer_log(uint32_t index) const;
+  uint32_t groups() const { return groups_; }
   const std::string& dir() const { return dir_; }
 
   // Environment for rank `rank` of a `world`-sized job on this pool.
@@ -64,6 +72,7 @@ class TestCluster {
   std::string dir_;
   std::string error_;
   std::string transport_;
+  uint32_t groups_ = 1;
   std::set<uint32_t> killed_;
   std::unique_ptr<bench::LocalPool> pool_;
 };

@@ -5,20 +5,28 @@
 // --counts cycles op sizes over one buffer (op i uses the (i mod n)-th), so
 // the same memory carries ops of several sizes. With --keep-going a failed
 // op is reported ("op N error after M ms <status>") and the next one runs on
-// the same client; the exit status then counts wrong results only. --stop-file ends a long run
-// on every rank at the same op: after each op the ranks sum a one-element
-// flag (1 where the file exists) and all stop once it is non-zero.
+// the same client; the exit status then counts wrong results only.
+// --stop-file ends a long run on every rank at the same op: after each op
+// the ranks sum a one-element flag (1 where the file exists) and all stop
+// once it is non-zero. With --pattern noisy (float types), inputs are
+// fractions that float addition cannot sum exactly, so the result depends
+// on the order of summation: it is checked against the exact sum within a
+// tolerance, and the result's hash lets the test check that every rank got
+// the same bits.
 //
-// stdout gets one line per op ("op N ok") and a last line "ok" or
-// "error <code name>: <message>". Exit status: 0 all ops correct,
-// 1 a wrong result, 2 could not connect, 3 an op failed.
+// stdout gets one line per op ("op N ok hash H", H the FNV-1a 64 of the
+// result bytes) and a last line "ok" or "error <code name>: <message>".
+// Exit status: 0 all ops correct, 1 a wrong result, 2 could not connect,
+// 3 an op failed.
 #include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <limits>
 #include <string>
 #include <thread>
 #include <vector>
@@ -37,6 +45,7 @@ struct Plan {
   int stall_op = -1;  // the op the stall comes before; -1: the last
   bool keep_going = false;
   std::string stop_file;
+  bool noisy = false;
 };
 
 // Whether any rank has seen the stop file (a one-element all-reduce, so
@@ -46,6 +55,35 @@ tally::Result<bool> agree_to_stop(tally::Client& client, const std::string& stop
   Status s = client.allreduce(&flag, 1, tally::DType::kInt32, tally::RedOp::kSum);
   if (!s) return s;
   return flag > 0;
+}
+
+// A fraction unique per rank and element; 1/(1 + k) for k < 97 is not
+// exact in binary, so sums depend on their order.
+double noisy_value(uint32_t rank, uint64_t i) {
+  return 1.0 / static_cast<double>(1 + (uint64_t{rank} * 131 + i * 7) % 97) + static_cast<double>(rank % 5);
+}
+
+// Elements that are off from the exact sum by more than rounding allows.
+template <typename T>
+size_t count_noisy_wrong(const T* data, uint64_t count, uint32_t world, bool average) {
+  size_t wrong = 0;
+  for (uint64_t i = 0; i < count; ++i) {
+    double exact = 0;
+    for (uint32_t r = 0; r < world; ++r) exact += static_cast<T>(noisy_value(r, i));
+    if (average) exact /= world;
+    const double tolerance = std::abs(exact) * world * 4 * std::numeric_limits<T>::epsilon() + 1e-30;
+    if (std::abs(static_cast<double>(data[i]) - exact) > tolerance) ++wrong;
+  }
+  return wrong;
+}
+
+uint64_t fnv1a(const void* data, size_t n) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (size_t i = 0; i < n; ++i) {
+    h ^= static_cast<const unsigned char*>(data)[i];
+    h *= 0x100000001b3ULL;
+  }
+  return h;
 }
 
 template <typename T>
@@ -59,7 +97,11 @@ int run(tally::Client& client, tally::DType dtype, tally::RedOp redop, const Pla
   for (int op = 0; op < ops; ++op) {
     const uint64_t count = plan.counts[static_cast<size_t>(op) % plan.counts.size()];
     if (stall_ms > 0 && op == stall_op) std::this_thread::sleep_for(std::chrono::milliseconds(stall_ms));
-    tally::bench::fill_pattern(data.data(), count, client.rank());
+    if (plan.noisy) {
+      for (uint64_t i = 0; i < count; ++i) data[i] = static_cast<T>(noisy_value(client.rank(), i));
+    } else {
+      tally::bench::fill_pattern(data.data(), count, client.rank());
+    }
     const auto t0 = std::chrono::steady_clock::now();
     Status s = client.allreduce(data.data(), count, dtype, redop);
     const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -74,14 +116,16 @@ int run(tally::Client& client, tally::DType dtype, tally::RedOp redop, const Pla
       std::fflush(stdout);
       return 3;
     }
-    size_t wrong = tally::bench::count_wrong(data.data(), count, client.world_size(),
-                                             redop == tally::RedOp::kAverage);
+    const bool average = redop == tally::RedOp::kAverage;
+    size_t wrong = plan.noisy ? count_noisy_wrong(data.data(), count, client.world_size(), average)
+                              : tally::bench::count_wrong(data.data(), count, client.world_size(), average);
     if (wrong) {
       std::printf("wrong op %d: %zu of %llu elements\n", op, wrong, static_cast<unsigned long long>(count));
       std::fflush(stdout);
       return 1;
     }
-    std::printf("op %d ok\n", op);
+    std::printf("op %d ok hash %016llx\n", op,
+                static_cast<unsigned long long>(fnv1a(data.data(), count * sizeof(T))));
     std::fflush(stdout);
     if (!plan.stop_file.empty()) {
       auto stop = agree_to_stop(client, plan.stop_file);
@@ -112,6 +156,8 @@ int main(int argc, char** argv) {
       ->delimiter(',');
   app.add_option("--stop-file", plan.stop_file, "all ranks stop after the first op where one sees this file");
   app.add_option("--log-level", log_level, "the client library's log level (stderr)");
+  std::string pattern = "exact";
+  app.add_option("--pattern", pattern, "exact (closed-form integer sums) or noisy (fractions)");
   app.add_option("--count-override", count_override, "use this count instead (a mismatching rank)");
   app.add_option("--dtype", dtype_name);
   app.add_option("--op", redop_name);
@@ -123,6 +169,7 @@ int main(int argc, char** argv) {
   spdlog::set_level(spdlog::level::from_str(log_level));
   if (count_override >= 0) count = static_cast<uint64_t>(count_override);
   if (plan.counts.empty()) plan.counts = {count};
+  plan.noisy = pattern == "noisy";
 
   auto options = tally::client_options_from_env();
   if (!options) {
@@ -140,7 +187,8 @@ int main(int argc, char** argv) {
     std::printf("error %s\n", client.status().to_string().c_str());
     return 2;
   }
-  std::printf("connected rank %u pid %d\n", (*client)->rank(), static_cast<int>(getpid()));
+  std::printf("connected rank %u group %u pid %d\n", (*client)->rank(), (*client)->group(),
+              static_cast<int>(getpid()));
   std::fflush(stdout);
   switch (*dtype) {
     case tally::DType::kFloat32: return run<float>(**client, *dtype, *redop, plan);

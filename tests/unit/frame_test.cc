@@ -42,8 +42,8 @@ static_assert(
 constexpr std::array<DType, 6> kAllDTypes = {DType::kFloat32,  DType::kFloat64, DType::kFloat16,
                                              DType::kBFloat16, DType::kInt32,   DType::kInt64};
 constexpr std::array<RedOp, 2> kAllRedOps = {RedOp::kSum, RedOp::kAverage};
-constexpr std::array<FrameKind, 3> kAllKinds = {FrameKind::kControl, FrameKind::kContribution,
-                                                FrameKind::kResult};
+constexpr std::array<FrameKind, 4> kAllKinds = {FrameKind::kControl, FrameKind::kContribution,
+                                                FrameKind::kResult, FrameKind::kPartial};
 
 const FrameLimits kLimits{.max_data_bytes = 1 << 20};
 
@@ -109,7 +109,7 @@ void expect_rejected(const EncodedHeader& bytes, ErrorCode code,
 void expect_invariants(const FrameHeader& h, const FrameLimits& limits) {
   const auto kind = static_cast<uint8_t>(h.kind);
   ASSERT_GE(kind, 1);
-  ASSERT_LE(kind, 3);
+  ASSERT_LE(kind, 4);
   if (h.kind == FrameKind::kControl) {
     EXPECT_LE(h.length, kMaxControlBytes);
     return;
@@ -140,6 +140,7 @@ std::string round_trip_name(const ::testing::TestParamInfo<RoundTripCase>& info)
   const auto& c = info.param;
   std::string kind = c.kind == FrameKind::kControl        ? "Control"
                      : c.kind == FrameKind::kContribution ? "Contribution"
+                     : c.kind == FrameKind::kPartial      ? "Partial"
                                                           : "Result";
   return kind + "_" + std::string(dtype_name(c.dtype)) + "_" + std::string(redop_name(c.redop));
 }
@@ -276,6 +277,7 @@ TEST(FrameLayout, EnumWireValuesAreStable) {
   EXPECT_EQ(static_cast<uint8_t>(FrameKind::kControl), 1);
   EXPECT_EQ(static_cast<uint8_t>(FrameKind::kContribution), 2);
   EXPECT_EQ(static_cast<uint8_t>(FrameKind::kResult), 3);
+  EXPECT_EQ(static_cast<uint8_t>(FrameKind::kPartial), 4);
   EXPECT_EQ(static_cast<uint8_t>(DType::kFloat32), 1);
   EXPECT_EQ(static_cast<uint8_t>(DType::kFloat64), 2);
   EXPECT_EQ(static_cast<uint8_t>(DType::kFloat16), 3);
@@ -337,7 +339,7 @@ TEST(FrameDecode, VersionMismatchWinsOverOtherwiseUnknownFields) {
 }
 
 TEST(FrameDecode, RejectsUnknownKind) {
-  for (uint64_t kind : {0ULL, 4ULL, 0x80ULL, 0xFFULL}) {
+  for (uint64_t kind : {0ULL, 5ULL, 0x80ULL, 0xFFULL}) {
     SCOPED_TRACE("kind " + std::to_string(kind));
     EncodedHeader b = encode_header(valid_data_header());
     put_le(b, 6, 1, kind);
@@ -346,7 +348,7 @@ TEST(FrameDecode, RejectsUnknownKind) {
 }
 
 TEST(FrameDecode, RejectsUnknownDTypeInDataFrames) {
-  for (FrameKind kind : {FrameKind::kContribution, FrameKind::kResult}) {
+  for (FrameKind kind : {FrameKind::kContribution, FrameKind::kResult, FrameKind::kPartial}) {
     for (uint64_t dtype : {0ULL, 7ULL, 0x80ULL, 0xFFULL}) {
       SCOPED_TRACE("dtype " + std::to_string(dtype));
       FrameHeader h = valid_data_header();
@@ -359,7 +361,7 @@ TEST(FrameDecode, RejectsUnknownDTypeInDataFrames) {
 }
 
 TEST(FrameDecode, RejectsUnknownRedOpInDataFrames) {
-  for (FrameKind kind : {FrameKind::kContribution, FrameKind::kResult}) {
+  for (FrameKind kind : {FrameKind::kContribution, FrameKind::kResult, FrameKind::kPartial}) {
     for (uint64_t redop : {0ULL, 3ULL, 0x80ULL, 0xFFULL}) {
       SCOPED_TRACE("redop " + std::to_string(redop));
       FrameHeader h = valid_data_header();
@@ -432,7 +434,7 @@ TEST(FrameDecode, ZeroDataLimitRejectsEveryDataFrame) {
 }
 
 TEST(FrameDecode, RejectsEmptyDataFrame) {
-  for (FrameKind kind : {FrameKind::kContribution, FrameKind::kResult}) {
+  for (FrameKind kind : {FrameKind::kContribution, FrameKind::kResult, FrameKind::kPartial}) {
     FrameHeader h = valid_data_header();
     h.kind = kind;
     h.length = 0;
@@ -569,7 +571,7 @@ TEST(FrameDecodeHostile, RandomBuffersNeverCrashAndAcceptedHeadersHoldTheInvaria
       put_le(b, 4, 2, shape == 1 ? rng() % 4 : kProtocolVersion);
     }
     if (shape >= 2) {
-      put_le(b, 6, 1, rng() % 5);  // kind 0..4
+      put_le(b, 6, 1, rng() % 6);  // kind 0..5
       put_le(b, 7, 1, rng() % 8);  // dtype 0..7
       put_le(b, 8, 1, rng() % 4);  // redop 0..3
       if (rng() % 8 != 0) {

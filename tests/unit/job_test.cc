@@ -1,7 +1,9 @@
 // The accumulator: Job's chunk summation driven directly, with members that
 // record what the job sends them (the streams themselves are covered by the
 // integration tests). Covers every arrival order of headers and payloads,
-// the pending path, disagreement, duplicates, losses and the memory quota.
+// the pending path, disagreement, duplicates, losses and the memory quota;
+// and, with replica groups, Jobs of three groups combining their partials
+// through an in-process queue whose delivery order the test controls.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -282,6 +284,187 @@ TEST(Accumulator, SweepTimesOutNamingMissingRanks) {
   EXPECT_EQ(e.code(), wire::TIMEOUT);
   EXPECT_NE(e.message().find("waiting for ranks [1,2]"), std::string::npos) << e.message();
 }
+
+
+// ---------------------------------------------------------------------------
+// Replica groups: three Jobs, one per group, joined by an in-process mesh
+// that queues every partial until the test delivers it, so the order of
+// arrival (partials before any local contribution, a replica far ahead) is
+// chosen here rather than by threads.
+
+namespace groups {
+
+struct QueuedPartial {
+  uint32_t from, to;
+  FrameHeader header;
+  std::shared_ptr<Slab> slab;
+  size_t offset;
+  ReplicaMesh::SendDone done;
+};
+
+class QueueMesh : public ReplicaMesh {
+ public:
+  QueueMesh(std::vector<QueuedPartial>& wire, uint32_t self) : wire_(wire), self_(self) {}
+  void send_partial(uint32_t group, const FrameHeader& header, std::shared_ptr<Slab> slab, size_t byte_offset,
+                    std::chrono::steady_clock::time_point, SendDone done) override {
+    std::lock_guard lock(mu_);
+    wire_.push_back({self_, group, header, std::move(slab), byte_offset, std::move(done)});
+  }
+  void send_control(uint32_t group, std::shared_ptr<const wire::Control> message) override {
+    std::lock_guard lock(mu_);
+    controls.emplace_back(group, *message);
+  }
+  std::optional<Status> lost(uint32_t) const override { return std::nullopt; }
+  std::string describe(uint32_t group) const override { return "replica group " + std::to_string(group); }
+
+  std::vector<std::pair<uint32_t, wire::Control>> controls;
+
+ private:
+  std::mutex mu_;
+  std::vector<QueuedPartial>& wire_;
+  uint32_t self_;
+};
+
+// World 5 in groups {0,1}, {2,3}, {4}; one chunk of `count` floats.
+struct Pool {
+  explicit Pool(size_t count) : count(count) {
+    slabs = *SlabPool::create(4096, 64);
+    for (uint32_t g = 0; g < 3; ++g) {
+      JobSettings settings;
+      settings.name = "groups-job";
+      settings.world_size = 5;
+      settings.group = g;
+      settings.group_sizes = {2, 2, 1};
+      settings.op_timeout = std::chrono::milliseconds(1000);
+      meshes.push_back(std::make_shared<QueueMesh>(wire, g));
+      jobs.push_back(std::make_shared<Job>(settings, *SlabQuota::reserve(slabs, Job::quota_slabs(1, 3)), counters,
+                                           meshes.back()));
+    }
+    for (uint32_t r = 0; r < 5; ++r) {
+      members.push_back(std::make_shared<RecordingMember>(r));
+      EXPECT_TRUE(jobs[group_of(r)]->join(members.back()).is_ok());
+    }
+  }
+  static uint32_t group_of(uint32_t r) { return r < 2 ? 0 : r < 4 ? 1 : 2; }
+
+  // Rank r contributes 1/(r + 3 + i) (not exact in binary: order matters).
+  void contribute(uint32_t r) {
+    FrameHeader h;
+    h.kind = FrameKind::kContribution;
+    h.dtype = DType::kFloat32;
+    h.rank = r;
+    h.job = job_id("groups-job");
+    h.count = count;
+    h.length = count * 4;
+    PendingContribution p;
+    auto action = jobs[group_of(r)]->on_contribution_header(members[r], h, p);
+    ASSERT_EQ(action.kind, PayloadAction::Kind::kReceive);
+    auto* f = reinterpret_cast<float*>(action.dst.data());
+    for (size_t i = 0; i < count; ++i) f[i] = 1.0f / static_cast<float>(r + 3 + i);
+    jobs[group_of(r)]->on_contribution_payload(h, p);
+  }
+
+  // Delivers the oldest queued partial; false when none is queued.
+  bool deliver_one() {
+    if (wire.empty()) return false;
+    QueuedPartial q = std::move(wire.front());
+    wire.erase(wire.begin());
+    PendingPartial pending;
+    auto action = jobs[q.to]->on_partial_header(q.from, q.header, pending, [] {});
+    EXPECT_EQ(action.kind, PayloadAction::Kind::kReceive);
+    std::memcpy(action.dst.data(), q.slab->data() + q.offset, q.header.length);
+    jobs[q.to]->on_partial_payload(q.header, pending);
+    q.done(Status::ok());
+    return true;
+  }
+
+  size_t count;
+  std::shared_ptr<SlabPool> slabs;
+  ReducerCounters counters;
+  std::vector<QueuedPartial> wire;
+  std::vector<std::shared_ptr<QueueMesh>> meshes;
+  std::vector<std::shared_ptr<Job>> jobs;
+  std::vector<std::shared_ptr<RecordingMember>> members;
+};
+
+void expect_same_result_everywhere(Pool& pool) {
+  ASSERT_EQ(pool.members[0]->results.size(), 1u);
+  const auto& reference = pool.members[0]->results[0].values;
+  for (size_t i = 0; i < pool.count; ++i) {
+    double exact = 0;
+    for (uint32_t r = 0; r < 5; ++r) exact += 1.0f / static_cast<float>(r + 3 + i);
+    EXPECT_NEAR(reference[i], exact, 1e-5) << "element " << i;
+  }
+  for (auto& m : pool.members) {
+    ASSERT_EQ(m->results.size(), 1u) << "rank " << m->rank();
+    EXPECT_EQ(std::memcmp(m->results[0].values.data(), reference.data(), pool.count * 4), 0) << "rank " << m->rank();
+  }
+}
+
+TEST(ReplicaGroups, ReplicasCombineTheirPartialsAndAgreeBitwise) {
+  for (size_t count : {1u, 2u, 3u, 100u, 1000u}) {
+    Pool pool(count);
+    for (uint32_t r = 0; r < 5; ++r) pool.contribute(r);
+    while (pool.deliver_one()) {
+    }
+    expect_same_result_everywhere(pool);
+  }
+}
+
+TEST(ReplicaGroups, PartialsBeforeAnyLocalContributionWaitForIt) {
+  Pool pool(100);
+  // Groups 1 and 2 finish their sums and exchange everything they can while
+  // group 0 has nothing yet: group 2's fold-in reaches group 0 early.
+  for (uint32_t r : {2u, 3u, 4u}) pool.contribute(r);
+  while (pool.deliver_one()) {
+  }
+  EXPECT_TRUE(pool.members[2]->results.empty());
+  pool.contribute(1);
+  pool.contribute(0);
+  while (pool.deliver_one()) {
+  }
+  expect_same_result_everywhere(pool);
+}
+
+TEST(ReplicaGroups, OpFailureIsForwardedToTheOtherReplicas) {
+  Pool pool(100);
+  pool.contribute(0);
+  // Rank 1 is lost before contributing: group 0 fails the op and tells groups 1 and 2.
+  pool.jobs[0]->leave(pool.members[1].get(), Status(ErrorCode::kPeerLost, "killed"), false);
+  size_t forwarded = 0;
+  for (auto& [group, message] : pool.meshes[0]->controls) {
+    ASSERT_TRUE(message.has_peer_error());
+    EXPECT_TRUE(message.peer_error().error().has_op());
+    EXPECT_NE(message.peer_error().error().message().find("rank 1"), std::string::npos);
+    pool.jobs[group]->on_peer_error(message.peer_error().error());
+    ++forwarded;
+  }
+  EXPECT_EQ(forwarded, 2u);
+  // Ranks of the other groups are told about the op, and their late
+  // contributions get the same error instead of being summed.
+  for (uint32_t r : {2u, 4u}) {
+    ASSERT_FALSE(pool.members[r]->errors.empty()) << "rank " << r;
+    EXPECT_NE(pool.members[r]->errors[0].error().message().find("rank 1"), std::string::npos);
+  }
+  FrameHeader h;
+  h.kind = FrameKind::kContribution;
+  h.dtype = DType::kFloat32;
+  h.rank = 4;
+  h.job = job_id("groups-job");
+  h.count = 100;
+  h.length = 400;
+  PendingContribution p;
+  EXPECT_EQ(pool.jobs[2]->on_contribution_header(pool.members[4], h, p).kind, PayloadAction::Kind::kDiscard);
+}
+
+TEST(ReplicaGroups, QuotaCoversThePartials) {
+  EXPECT_EQ(Job::quota_slabs(8, 1), 10u);
+  EXPECT_EQ(Job::quota_slabs(8, 2), 42u);
+  EXPECT_EQ(Job::quota_slabs(8, 3), 58u);
+  EXPECT_EQ(Job::quota_slabs(1, 3), 9u);
+}
+
+}  // namespace groups
 
 }  // namespace
 }  // namespace tally

@@ -14,32 +14,50 @@ namespace tally::bench {
 
 struct LocalPoolOptions {
   uint32_t shards = 2;
+  // Replica groups: the pool has shards x groups reducers.
+  uint32_t groups = 1;
+  // Give each reducer --stats-file (stats_path()).
+  bool stats = false;
   std::string reducer_path;  // empty: tally-reducer beside this executable, then ../reducer/
   std::vector<std::string> extra_args;  // passed to every reducer
-  std::string log_dir;       // reducer stderr goes to log_dir/reducer-<shard>.log; empty: inherit
+  std::string log_dir;       // reducer stderr goes to log_dir/reducer-<index>.log; empty: inherit
   std::chrono::milliseconds start_timeout{15000};
 };
 
 class LocalPool {
  public:
-  // Starts every reducer and waits until each listens. Errors: kUnavailable
-  // (binary missing, a reducer exited early), kTimeout.
+  // Starts every reducer and waits until each listens. Reducers are indexed
+  // in (group, shard) order: index = group x shards + shard. With groups,
+  // each reducer gets --peers @FILE, and the file (the pool list) is
+  // written once every reducer listens. Errors: kUnavailable (binary
+  // missing, a reducer exited early), kTimeout.
   static Result<std::unique_ptr<LocalPool>> start(const LocalPoolOptions& options);
   // Stops every reducer (SIGTERM, then SIGKILL after `grace`) and returns
-  // their exit statuses, in shard order; 0 is a clean shutdown.
+  // their exit statuses, by index; 0 is a clean shutdown.
   std::vector<int> stop(std::chrono::milliseconds grace = std::chrono::milliseconds(5000));
   ~LocalPool();
 
-  // "host:port" of each shard, in shard order.
+  // "host:port" of each reducer, by index ((group, shard) order).
   const std::vector<std::string>& addresses() const { return addresses_; }
   // Comma-separated, as TALLY_POOL wants it.
   std::string pool_string() const;
-  Process& reducer(uint32_t shard) { return processes_[shard]; }
+  Process& reducer(uint32_t index) { return processes_[index]; }
+  // Where reducer `index` writes its counters (with options.stats).
+  std::string stats_path(uint32_t index) const { return dir_ + "/stats-" + std::to_string(index); }
+  // Starts reducer `index` again, on the address it had (after it was
+  // killed), with the same arguments, and waits until it listens.
+  // Errors: as start().
+  Status restart(uint32_t index, std::chrono::milliseconds timeout = std::chrono::milliseconds(15000));
+  uint32_t shards() const { return shards_; }
+  uint32_t groups() const { return groups_; }
 
  private:
   LocalPool() = default;
   std::string dir_;
+  uint32_t shards_ = 1;
+  uint32_t groups_ = 1;
   std::vector<Process> processes_;
+  std::vector<ProcessSpec> specs_;
   std::vector<std::string> addresses_;
 };
 

@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -25,8 +26,16 @@
 namespace tally {
 
 struct ClientOptions {
-  // Reducer addresses ("host:port"), in shard order.
+  // Reducer addresses ("host:port") in (group, shard) order: the S reducers
+  // of group 0, then those of group 1, ...
   std::vector<std::string> pool;
+  // Replica groups in the pool; pool.size() must be a multiple of it.
+  uint32_t groups = 1;
+  // This worker's group. Unset: the contiguous block default_group_of()
+  // (tally/protocol/groups.h) gives. Set (TALLY_GROUP), it needs group_sizes too.
+  std::optional<uint32_t> group;
+  // Workers per group, the same list on every rank; only with `group`.
+  std::vector<uint32_t> group_sizes;
   std::string job;
   uint32_t rank = 0;
   uint32_t world_size = 1;
@@ -47,10 +56,12 @@ struct ClientOptions {
 };
 
 // Reads TALLY_POOL (comma-separated), TALLY_JOB, TALLY_RANK,
-// TALLY_WORLD_SIZE, and optionally TALLY_CHUNK_BYTES, TALLY_OP_TIMEOUT_MS,
+// TALLY_WORLD_SIZE, and optionally TALLY_GROUPS, TALLY_GROUP,
+// TALLY_GROUP_SIZES, TALLY_CHUNK_BYTES, TALLY_OP_TIMEOUT_MS,
 // TALLY_CONNECT_TIMEOUT_MS, TALLY_HEARTBEAT_MS, TALLY_PEER_TIMEOUT_MS,
 // TALLY_TRANSPORT, TALLY_FABRIC_PROVIDER (else FI_PROVIDER),
-// TALLY_FABRIC_FORCE_REGISTRATION (docs/configuration.md). Errors: kInvalidArgument naming the variable.
+// TALLY_FABRIC_FORCE_REGISTRATION, TALLY_FABRIC_MAX_MSG_BYTES
+// (docs/configuration.md). Errors: kInvalidArgument naming the variable.
 Result<ClientOptions> client_options_from_env();
 // Checks the options; the same checks connect() applies.
 Status validate(const ClientOptions& options);
@@ -84,6 +95,8 @@ class Client {
   uint32_t rank() const;
   uint32_t world_size() const;
   uint32_t shards() const;
+  uint32_t groups() const;
+  uint32_t group() const;
 
   struct Impl;
 

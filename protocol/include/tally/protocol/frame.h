@@ -10,11 +10,12 @@
 //   8     1    redop    RedOp of the op (data frames)
 //   9     1    reserved must be 0
 //  10     2    flags    must be 0 in this version
-//  12     4    rank     sender's rank (contributions); 0xFFFFFFFF from a reducer
+//  12     4    rank     sender's rank (contributions); 0xFFFFFFFF (results);
+//                       the butterfly exchange tag (partials, butterfly.h)
 //  16     8    job      64-bit job id (job_id(name)), checked against the stream's job
 //  24     8    op       op sequence number within the job
 //  32     8    count    total elements of the op's tensor (agreement check)
-//  40     8    offset   byte offset of this chunk in the tensor
+//  40     8    offset   byte offset of this chunk (partials: of this segment) in the tensor
 //  48     4    chunk    chunk index within the op
 //  52     4    reserved must be 0
 //  56     8    length   payload bytes following the header
@@ -43,6 +44,7 @@ enum class FrameKind : uint8_t {
   kControl = 1,       // payload: tally.wire.Control
   kContribution = 2,  // worker -> reducer: one chunk of the worker's input
   kResult = 3,        // reducer -> worker: one chunk of the finished sum
+  kPartial = 4,       // reducer -> reducer: a segment of a chunk's partial sum (butterfly)
 };
 
 struct FrameHeader {

@@ -10,6 +10,15 @@
 // and sent to every member, and the accumulator slab returns to the quota
 // when the last send completes.
 //
+// Replica groups: the job's workers are split into groups, and this reducer
+// serves one of them. Its chunk sum is then a partial over the group's
+// `local_size` ranks; once complete, the replicas of this shard that have
+// workers in the job (the participants) combine their partials in the
+// butterfly of butterfly.h, chunk by chunk, and only then is the chunk
+// finished. Partials from other replicas land in slabs of the same quota; a
+// partial that arrives before this reducer has a chunk state for it waits in
+// `early_`. An op failure found here is forwarded to the other replicas.
+//
 // Locking: Job::mu_ guards the member table and the chunk map; each chunk has
 // its own mutex for the adds, so different chunks sum in parallel on
 // different I/O threads. Order: job, then chunk, then quota. No lock is held
@@ -20,6 +29,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -32,12 +42,15 @@
 #include "tally/protocol/frame.h"
 #include "tally/protocol/status.h"
 #include "tally/protocol/transport.h"
+#include "tally/reducer/butterfly.h"
 #include "tally/reducer/slab_pool.h"
 
 namespace tally {
 
 namespace wire {
 class Control;
+class Error;
+class PeerJob;
 }
 
 // A job's view of one worker stream. Implementations are thread-safe: every
@@ -54,10 +67,38 @@ class JobMember {
   virtual void wake() = 0;
 };
 
+// The other replicas of this reducer's shard, as a job uses them. Groups are
+// replica group indices. Thread-safe; no method blocks or calls back into
+// the job before returning.
+class ReplicaMesh {
+ public:
+  using SendDone = std::function<void(const Status&)>;
+  virtual ~ReplicaMesh() = default;
+  // Sends a partial frame whose payload is header.length bytes of `slab` at
+  // `byte_offset`; `slab` is held until `done`, which runs once, later, on
+  // some I/O thread (also when the replica is lost or `deadline` passes
+  // before it is reachable).
+  virtual void send_partial(uint32_t group, const FrameHeader& header, std::shared_ptr<Slab> slab,
+                            size_t byte_offset, std::chrono::steady_clock::time_point deadline,
+                            SendDone done) = 0;
+  virtual void send_control(uint32_t group, std::shared_ptr<const wire::Control> message) = 0;
+  // Why that replica cannot be used now (it was lost and is not back).
+  virtual std::optional<Status> lost(uint32_t group) const = 0;
+  // "replica (shard 1, group 2) at host:port", for messages.
+  virtual std::string describe(uint32_t group) const = 0;
+};
+
 struct JobSettings {
   std::string name;
   uint32_t world_size = 1;
   uint32_t shard = 0;
+  // This reducer's replica group, and the workers of the job in each group
+  // (empty: one group of world_size).
+  uint32_t group = 0;
+  std::vector<uint32_t> group_sizes;
+  // Groups were set per rank (TALLY_GROUP), so which ranks form a group is
+  // known only as they join; otherwise they are the contiguous blocks.
+  bool groups_explicit = false;
   std::chrono::milliseconds op_timeout{60000};
   // Why ranks of an earlier job of the same name left (rank -> reason), to
   // explain a timeout to a worker that joined after they were gone.
@@ -65,6 +106,12 @@ struct JobSettings {
 };
 
 struct ChunkState;
+
+// What a replica's stream keeps between a partial's header and its payload.
+struct PendingPartial {
+  std::shared_ptr<Slab> slab;
+  uint32_t from_group = 0;
+};
 
 // What a member keeps between a contribution's header and its payload.
 struct PendingContribution {
@@ -74,24 +121,42 @@ struct PendingContribution {
   void reset() { *this = {}; }
 };
 
-// Counters of one reducer, shared by its jobs.
+// Counters of one reducer, shared by its jobs. Bytes are payload bytes:
+// worker_* to and from workers, replica_* to and from other replicas.
 struct ReducerCounters {
   std::atomic<uint64_t> bytes_received{0};
   std::atomic<uint64_t> bytes_sent{0};
+  std::atomic<uint64_t> replica_bytes_received{0};
+  std::atomic<uint64_t> replica_bytes_sent{0};
   std::atomic<uint64_t> chunks_finished{0};
   std::atomic<uint64_t> ops_failed{0};
 };
 
-class Job {
+class Job : public std::enable_shared_from_this<Job> {
  public:
   using Clock = std::chrono::steady_clock;
 
-  Job(JobSettings settings, std::shared_ptr<SlabQuota> quota, ReducerCounters& counters);
+  // `mesh` is needed when more than one group has workers.
+  Job(JobSettings settings, std::shared_ptr<SlabQuota> quota, ReducerCounters& counters,
+      std::shared_ptr<ReplicaMesh> mesh = nullptr);
   ~Job();
 
   const std::string& name() const { return settings_.name; }
   uint64_t id() const { return id_; }
   const JobSettings& settings() const { return settings_; }
+  // Groups with workers in this job, in order.
+  const std::vector<uint32_t>& participants() const { return participants_; }
+  // Workers of this reducer's group.
+  uint32_t local_size() const { return local_size_; }
+  // Slabs a job needs so that no stream can wait forever for memory
+  // (docs/architecture.md, Memory): window x (1 + 2F) + 2, F the most
+  // partials a participant receives per chunk.
+  static size_t quota_slabs(uint32_t window, size_t participants);
+  // Another replica's description of the job: the same world size and group
+  // sizes, or kMismatch naming both.
+  Status check_peer_settings(const wire::PeerJob& peer, const std::string& who) const;
+  // This job as a PeerJob message for the other replicas.
+  std::shared_ptr<const wire::Control> peer_job_message() const;
 
   // Adds a member for its rank. Errors: kAlreadyExists (rank taken),
   // kUnavailable (the job has failed since a rank was lost).
@@ -109,6 +174,24 @@ class Job {
                                        const FrameHeader& header, PendingContribution& pending);
   // The payload named by `pending` has arrived.
   void on_contribution_payload(const FrameHeader& header, PendingContribution& pending);
+  // A partial from the replica of `from_group`: where its payload goes.
+  // kPause after registering `wake` with the quota.
+  PayloadAction on_partial_header(uint32_t from_group, const FrameHeader& header,
+                                  PendingPartial& pending, std::function<void()> wake);
+  void on_partial_payload(const FrameHeader& header, PendingPartial& pending);
+  // Another replica failed an op (has_op) or the whole job; not forwarded.
+  void on_peer_error(const wire::Error& error);
+  // The job has ended on the replica of `group`: every op that still needs
+  // a partial from it fails with `why`, now or when it gets there.
+  void on_replica_left(uint32_t group, const Status& why);
+  // The replica of `group` was lost: every op in flight here fails.
+  void on_replica_lost(uint32_t group, const Status& why);
+  // Taken out of the reducer's job table: partials still arriving for it
+  // are answered with an error that gives `why`.
+  void retire(std::string why);
+  // No member, nothing in flight, and memberless for longer than the op
+  // timeout (a job created by a replica whose own workers never came).
+  bool abandoned(Clock::time_point now) const;
   // Fails chunks older than the op timeout (naming the missing ranks) and
   // logs stragglers past half of it.
   void sweep(Clock::time_point now);
@@ -121,22 +204,61 @@ class Job {
  private:
   using ChunkKey = std::pair<uint64_t, uint32_t>;  // (op, chunk)
 
-  // Fails `op` for every member; mu_ held.
-  void fail_op_locked(uint64_t op, const Status& status, const std::vector<uint32_t>& ranks);
+  enum class Progress { kWaiting, kDone, kFailed };
+
+  // Fails `op` for every member, and for the other replicas when `forward`;
+  // mu_ held.
+  void fail_op_locked(uint64_t op, const Status& status, const std::vector<uint32_t>& ranks,
+                      bool forward = true);
   void finish(const std::shared_ptr<ChunkState>& chunk);
+  // Runs the chunk's butterfly as far as it can go; chunk mu held, never
+  // the job's. Sets `why` on kFailed.
+  Progress advance_locked(const std::shared_ptr<ChunkState>& chunk, Status& why);
+  // Acts on advance_locked's answer; no lock held.
+  void settle(const std::shared_ptr<ChunkState>& chunk, Progress progress, const Status& why);
+  void on_partial_sent(const std::shared_ptr<ChunkState>& chunk, const Status& status);
+  // Files a received partial under its butterfly step; chunk mu held.
+  Status place_locked(ChunkState& chunk, uint32_t from_group, const FrameHeader& header,
+                      std::shared_ptr<Slab> slab);
+  // The ranks of this group that have not contributed to `chunk`, and a
+  // note on group members that never joined; chunk mu held.
+  std::vector<uint32_t> missing_locked(const ChunkState& chunk, std::string* note) const;
+  std::string replica_name() const;
+  std::optional<Status> left_group(uint32_t group) const;
   std::vector<std::shared_ptr<JobMember>> members_locked() const;
   // " (rank 0 left earlier: ...)" for the ranks with a known reason.
   std::string history_of(const std::vector<uint32_t>& ranks) const;
+
+  struct EarlyPartial {
+    uint32_t from_group;
+    FrameHeader header;
+    std::shared_ptr<Slab> slab;
+    Clock::time_point arrived;
+  };
 
   const JobSettings settings_;
   const uint64_t id_;
   std::shared_ptr<SlabQuota> quota_;
   ReducerCounters& counters_;
+  const std::shared_ptr<ReplicaMesh> mesh_;
+  std::vector<uint32_t> participants_;
+  uint32_t my_index_ = 0;  // in participants_
+  uint32_t local_size_ = 0;
 
   mutable std::mutex mu_;
   std::vector<std::shared_ptr<JobMember>> members_;  // by rank
+  std::set<uint32_t> joined_;                        // ranks that ever joined here
+  Clock::time_point memberless_since_;
+  bool retired_ = false;
+  std::string retired_why_;
   std::optional<Status> lost_;                       // why the job failed for good
-  uint32_t lost_rank_ = 0;
+  std::vector<uint32_t> lost_ranks_;
+  // Groups whose replica has ended the job, and why. Its own (leaf) lock, so
+  // the butterfly can read it under a chunk's lock.
+  mutable std::mutex left_mu_;
+  std::map<uint32_t, Status> left_groups_;
+  // Partials for chunks that have no state here yet (no local contribution).
+  std::map<ChunkKey, std::vector<EarlyPartial>> early_;
   std::map<uint32_t, std::string> departed_;         // ranks that said goodbye, and why
   std::map<ChunkKey, std::shared_ptr<ChunkState>> chunks_;
   // Ops already failed here, with the error every member was sent, so a

@@ -18,6 +18,15 @@ struct ReducerOptions {
   HostPort listen{"127.0.0.1", 7070};
   uint32_t shard = 0;
   uint32_t shard_count = 1;
+  // Replica groups: this reducer serves group `group` of `group_count`.
+  uint32_t group = 0;
+  uint32_t group_count = 1;
+  // With more than one group: the whole pool, "host:port,..." in (group,
+  // shard) order (the same list workers get as TALLY_POOL), from which the
+  // reducer takes the other replicas of its shard; or "@PATH", a file
+  // holding that list, read when the replicas are first dialled (for
+  // launchers that learn the ports only after start-up).
+  std::string peers;
   size_t io_threads = 2;
   // All chunk memory, mapped at start-up and never grown.
   size_t memory_budget_bytes = 512u << 20;
@@ -41,8 +50,10 @@ struct ReducerOptions {
 };
 
 struct ReducerStats {
-  uint64_t bytes_received = 0;
-  uint64_t bytes_sent = 0;
+  uint64_t bytes_received = 0;  // payload bytes from workers
+  uint64_t bytes_sent = 0;      // payload bytes to workers
+  uint64_t replica_bytes_received = 0;
+  uint64_t replica_bytes_sent = 0;
   uint64_t chunks_finished = 0;
   uint64_t ops_failed = 0;
   size_t jobs = 0;
