@@ -6,6 +6,7 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "harness.h"
@@ -160,6 +161,7 @@ INSTANTIATE_TEST_SUITE_P(TypesAndOps, AllreduceTest, ::testing::ValuesIn(types_a
 // pool and one set of workers per case runs every size in turn (op k uses
 // the k-th size), so the sweep stays affordable under the sanitizers.
 struct GroupCase {
+  std::string transport = "tcp";  // between workers and reducers; replicas talk TCP
   uint32_t workers = 1;
   uint32_t shards = 1;
   uint32_t groups = 1;
@@ -171,7 +173,8 @@ struct GroupCase {
 
 std::string group_case_name(const ::testing::TestParamInfo<GroupCase>& info) {
   const GroupCase& c = info.param;
-  std::string name = "Tcp_W" + std::to_string(c.workers) + "_S" + std::to_string(c.shards) + "_G" +
+  std::string name = std::string(c.transport == "fabric" ? "Fabric" : "Tcp") + "_W" +
+                     std::to_string(c.workers) + "_S" + std::to_string(c.shards) + "_G" +
                      std::to_string(c.groups);
   const size_t esize = dtype_size(*parse_dtype(c.dtype));
   for (uint64_t n : c.counts) name += "_" + std::to_string(n * esize) + "B";
@@ -202,9 +205,11 @@ class GroupsTest : public ::testing::TestWithParam<GroupCase> {};
 
 TEST_P(GroupsTest, EveryWorkerOfEveryGroupGetsTheSameExactSum) {
   const GroupCase& c = GetParam();
+  TALLY_SKIP_UNLESS_TRANSPORT(c.transport);
   PoolSpec spec;
   spec.shards = c.shards;
   spec.groups = c.groups;
+  spec.transport = c.transport;
   TestCluster cluster(spec);
   ASSERT_TRUE(cluster.ok()) << cluster.error();
   std::string counts;
@@ -288,6 +293,27 @@ std::vector<GroupCase> order_sensitive() {
 }
 
 INSTANTIATE_TEST_SUITE_P(OrderSensitive, GroupsTest, ::testing::ValuesIn(order_sensitive()), group_case_name);
+
+// Groups with the workers on the libfabric data path: a power of two, a
+// fold (G = 3, unequal groups) and order-sensitive floats.
+std::vector<GroupCase> groups_over_fabric() {
+  std::vector<GroupCase> cases;
+  for (auto [w, s, g] : {std::tuple{4u, 1u, 2u}, std::tuple{7u, 2u, 3u}}) {
+    GroupCase c;
+    c.transport = "fabric";
+    c.workers = w;
+    c.shards = s;
+    c.groups = g;
+    c.counts = {1, kChunkElems + 1, 1009, 37 * kChunkElems + 5};
+    cases.push_back(c);
+  }
+  GroupCase noisy = cases.back();
+  noisy.pattern = "noisy";
+  cases.push_back(noisy);
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Fabric, GroupsTest, ::testing::ValuesIn(groups_over_fabric()), group_case_name);
 
 }  // namespace
 }  // namespace tally::testing
