@@ -90,18 +90,7 @@ struct Child {
 Child spawn_child(const std::string& dir, const std::string& name, const std::string& path,
                   const Args& args, const Env& env = {}) {
   Child c{name, dir, std::nullopt};
-  bench::ProcessSpec spec;
-  spec.path = path;
-  spec.args = args;
-  spec.env = env;
-  spec.stdout_path = dir + "/" + name + ".out";
-  spec.stderr_path = dir + "/" + name + ".err";
-  auto p = bench::Process::spawn(spec);
-  if (!p) {
-    ADD_FAILURE() << p.status().to_string();
-    std::abort();
-  }
-  c.process.emplace(std::move(*p));
+  c.process.emplace(spawn_logged(path, dir, name, args, env));
   return c;
 }
 
@@ -152,12 +141,7 @@ TEST(Fabric, FabricWorkerAgainstATcpPoolFailsAtConnect) {
   TestCluster cluster(spec);
   ASSERT_TRUE(cluster.ok()) << cluster.error();
   const auto t0 = Clock::now();
-  WorkerGroup one(cluster, "fab", unique_job("fab-on-tcp"), 1,
-                  [](uint32_t) {
-                    return Args{"--count", "1009"};
-                  },
-                  {{"TALLY_TRANSPORT", "fabric"}});
-  auto out = one.wait(0, 15s);
+  auto out = run_one(cluster, {{"TALLY_TRANSPORT", "fabric"}}, 15s);
   EXPECT_EQ(out.exit_code, 2) << out.out;
   EXPECT_TRUE(contains(out.out, "--transport fabric")) << out.out;
   EXPECT_TRUE(contains(out.out, "serves only tcp")) << out.out;
@@ -177,12 +161,7 @@ TEST(Fabric, UnknownProviderOnAWorkerFailsAtConnect) {
   for (const char* variable : {"TALLY_FABRIC_PROVIDER", "FI_PROVIDER"}) {
     SCOPED_TRACE(variable);
     const auto t0 = Clock::now();
-    WorkerGroup one(cluster, std::string("bad-") + variable, unique_job("bad-provider"), 1,
-                    [](uint32_t) {
-                      return Args{"--count", "10"};
-                    },
-                    {{variable, "no-such-provider"}});
-    auto out = one.wait(0, 15s);
+    auto out = run_one(cluster, {{variable, "no-such-provider"}}, 15s);
     EXPECT_EQ(out.exit_code, 2) << out.out;
     EXPECT_TRUE(contains(out.out, "'no-such-provider'")) << out.out;
     EXPECT_TRUE(contains(out.out, "fi_info")) << out.out;
@@ -205,12 +184,7 @@ TEST(Fabric, ProviderMismatchIsRefusedNamingBoth) {
   spec.transport = "fabric";
   TestCluster cluster(spec);
   ASSERT_TRUE(cluster.ok()) << cluster.error();
-  WorkerGroup one(cluster, "sockets", unique_job("sockets"), 1,
-                  [](uint32_t) {
-                    return Args{"--count", "10"};
-                  },
-                  {{"TALLY_FABRIC_PROVIDER", "sockets"}});
-  auto out = one.wait(0, 15s);
+  auto out = run_one(cluster, {{"TALLY_FABRIC_PROVIDER", "sockets"}}, 15s);
   EXPECT_EQ(out.exit_code, 2) << out.out;
   EXPECT_TRUE(contains(out.out, "provider mismatch")) << out.out;
   EXPECT_TRUE(contains(out.out, "'sockets'")) << out.out;

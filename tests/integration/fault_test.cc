@@ -95,14 +95,6 @@ wire::Control hello(const std::string& job, uint32_t rank, uint32_t world, uint3
   return m;
 }
 
-// Runs one single-rank worker with `env` over the job's environment, and
-// returns its output once it exits (or is killed at `timeout`).
-WorkerOutput run_one(TestCluster& cluster, const std::map<std::string, std::string>& env,
-                     std::chrono::milliseconds timeout) {
-  WorkerGroup one(cluster, "solo", unique_job("solo"), 1, [](uint32_t) { return Args{"--count", "10"}; }, env);
-  return one.wait(0, timeout);
-}
-
 // Fault tests that move data: value-parametrised over the transport.
 class TransportFault : public ::testing::TestWithParam<std::string> {
  protected:

@@ -96,18 +96,30 @@ std::string transport_unavailable(const std::string& transport) {
 
 bench::Process TestCluster::spawn_worker(const std::string& name, const std::vector<std::string>& args,
                                          const std::map<std::string, std::string>& env) {
+  return spawn_logged(TALLY_TEST_WORKER_PATH, dir_, name, args, env);
+}
+
+bench::Process spawn_logged(const std::string& path, const std::string& dir, const std::string& name,
+                            const std::vector<std::string>& args,
+                            const std::map<std::string, std::string>& env) {
   bench::ProcessSpec spec;
-  spec.path = TALLY_TEST_WORKER_PATH;
+  spec.path = path;
   spec.args = args;
   spec.env = env;
-  spec.stdout_path = dir_ + "/" + name + ".out";
-  spec.stderr_path = dir_ + "/" + name + ".err";
+  spec.stdout_path = dir + "/" + name + ".out";
+  spec.stderr_path = dir + "/" + name + ".err";
   auto p = bench::Process::spawn(spec);
   if (!p) {
     ADD_FAILURE() << p.status().to_string();
     std::abort();
   }
   return std::move(*p);
+}
+
+WorkerOutput run_one(TestCluster& cluster, const std::map<std::string, std::string>& env,
+                     std::chrono::milliseconds timeout) {
+  WorkerGroup one(cluster, "solo", unique_job("solo"), 1, [](uint32_t) { return Args{"--count", "10"}; }, env);
+  return one.wait(0, timeout);
 }
 
 std::string TestCluster::worker_stdout(const std::string& name) const {

@@ -99,6 +99,18 @@ class WorkerGroup {
   std::vector<bench::Process> procs_;
 };
 
+// Runs one single-rank worker (`--count 10`) with `env` over the job's
+// environment, and returns its output once it exits (or is killed at
+// `timeout`).
+WorkerOutput run_one(TestCluster& cluster, const std::map<std::string, std::string>& env,
+                     std::chrono::milliseconds timeout);
+
+// Starts `path` with stdout and stderr in dir/<name>.out and .err; a spawn
+// failure fails the test and aborts (nothing sensible can follow).
+bench::Process spawn_logged(const std::string& path, const std::string& dir, const std::string& name,
+                            const std::vector<std::string>& args,
+                            const std::map<std::string, std::string>& env);
+
 // Waits for a process; kills it at the deadline.
 WorkerOutput wait_worker(bench::Process& p, const TestCluster& cluster, const std::string& name,
                          std::chrono::milliseconds timeout);
