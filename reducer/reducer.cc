@@ -145,9 +145,11 @@ class ReplicaLink;
 // up again. Thread-safe.
 class Replicas final : public ReplicaMesh, public std::enable_shared_from_this<Replicas> {
  public:
-  Replicas(std::weak_ptr<Reducer::Impl> reducer, ReducerOptions options) : reducer_(std::move(reducer)),
-                                                                           options_(std::move(options)),
-                                                                           peers_(options_.group_count) {}
+  Replicas(std::weak_ptr<Reducer::Impl> reducer, ReducerOptions options, std::shared_ptr<Fabric> fabric)
+      : reducer_(std::move(reducer)),
+        options_(std::move(options)),
+        fabric_(std::move(fabric)),
+        peers_(options_.group_count) {}
   void start(const std::vector<asio::io_context*>& contexts);
   void stop();
   // After the I/O threads are joined: drops the links (they hold this).
@@ -183,6 +185,8 @@ class Replicas final : public ReplicaMesh, public std::enable_shared_from_this<R
   // PeerJob messages of the live jobs `group` takes part in, for a new
   // stream to it (the replica's session for the old one has forgotten them).
   std::vector<std::shared_ptr<const wire::Control>> announcements(uint32_t group);
+  // With --transport fabric: the outbound streams' data path; else null.
+  const std::shared_ptr<Fabric>& fabric() const { return fabric_; }
 
  private:
   struct Peer {
@@ -193,19 +197,24 @@ class Replicas final : public ReplicaMesh, public std::enable_shared_from_this<R
   };
   std::weak_ptr<Reducer::Impl> reducer_;
   const ReducerOptions options_;
+  const std::shared_ptr<Fabric> fabric_;
   std::vector<std::shared_ptr<ReplicaLink>> links_;  // by group; null for our own
   mutable std::mutex mu_;
   std::vector<Peer> peers_;  // by group
 };
 
 // The outbound stream to one other replica: dials (and redials after a
-// loss), says PeerHello, then carries what this reducer sends that replica.
+// loss), says PeerHello with the data path it offers (its fabric endpoint
+// with --transport fabric), and is up once the replica's PeerWelcome names
+// the data path it attached; then it carries what this reducer sends that
+// replica. A PeerWelcome missing after kReplicaConnectTimeout fails the
+// connect like a refused dial.
 // Lives on one I/O thread; public methods may be called from any thread.
 class ReplicaLink final : public FrameHandler, public std::enable_shared_from_this<ReplicaLink> {
  public:
   ReplicaLink(std::shared_ptr<Replicas> owner, const ReducerOptions& options, uint32_t group,
               asio::io_context& io)
-      : owner_(std::move(owner)), options_(options), group_(group), io_(io), retry_timer_(io) {}
+      : owner_(std::move(owner)), options_(options), group_(group), io_(io), retry_timer_(io), welcome_timer_(io) {}
 
   void start() {
     asio::post(io_, [self = shared_from_this()] { self->dial(); });
@@ -214,6 +223,7 @@ class ReplicaLink final : public FrameHandler, public std::enable_shared_from_th
     asio::post(io_, [self = shared_from_this()] {
       self->stopping_ = true;
       self->retry_timer_.cancel();
+      self->welcome_timer_.cancel();
       self->fail_queue(Status(ErrorCode::kCancelled, "reducer is shutting down"));
       if (self->conn_) self->conn_->close(Status(ErrorCode::kCancelled, "reducer is shutting down"));
     });
@@ -241,8 +251,8 @@ class ReplicaLink final : public FrameHandler, public std::enable_shared_from_th
     });
   }
 
-  // FrameHandler: a replica sends nothing on our outbound stream but
-  // heartbeats and, before closing it, an Error.
+  // FrameHandler: a replica sends nothing on our outbound stream but its
+  // PeerWelcome, heartbeats and, before closing it, an Error.
   PayloadAction on_data_header(const FrameHeader& h) override {
     return PayloadAction::close(Status(ErrorCode::kProtocol, "unexpected " + describe(h) + " from " +
                                                                  owner_->describe(group_)));
@@ -253,18 +263,21 @@ class ReplicaLink final : public FrameHandler, public std::enable_shared_from_th
       fatal_ = status_from_error(message.error());
       return;
     }
+    if (message.has_peer_welcome() && !up_) return on_welcome(message.peer_welcome());
     conn_->close(Status(ErrorCode::kProtocol, "unexpected control message from " + owner_->describe(group_)));
   }
   void on_closed(const Status& status) override {
     const Status why = fatal_ ? *fatal_ : status;
     fatal_.reset();
     conn_.reset();
+    welcome_timer_.cancel();
+    if (!up_) last_error_ = why.message();
     const bool was_up = up_;
     up_ = false;
     if (was_up) owner_->set_up(group_, /*outbound=*/true, false, why);
     if (stopping_) return;
     if (was_up) spdlog::info("{}: outbound stream closed: {}", owner_->describe(group_), why.to_string());
-    retry_ = kReplicaRetryMin;
+    if (was_up) retry_ = kReplicaRetryMin;  // else (no PeerWelcome) back off as for a failed dial
     schedule_dial();
   }
 
@@ -283,6 +296,7 @@ class ReplicaLink final : public FrameHandler, public std::enable_shared_from_th
       last_error_ = address.status().message();
       return schedule_dial();
     }
+    address_ = address->to_string();
     async_tcp_connect(io_, *address, kReplicaConnectTimeout,
                       [self = shared_from_this()](Result<asio::ip::tcp::socket> r) { self->on_connected(std::move(r)); });
   }
@@ -301,7 +315,8 @@ class ReplicaLink final : public FrameHandler, public std::enable_shared_from_th
       last_error_ = r.status().message();
       return schedule_dial();
     }
-    conn_ = make_tcp_connection(std::move(*r), options_.connection);
+    conn_ = owner_->fabric() ? owner_->fabric()->make_connection(std::move(*r), options_.connection)
+                             : make_tcp_connection(std::move(*r), options_.connection);
     conn_->start(shared_from_this());
     wire::Control hello;
     auto* h = hello.mutable_peer_hello();
@@ -310,7 +325,28 @@ class ReplicaLink final : public FrameHandler, public std::enable_shared_from_th
     h->set_shard_count(options_.shard_count);
     h->set_group(options_.group);
     h->set_group_count(options_.group_count);
+    if (Status s = conn_->describe_data_path(h->mutable_data_path()); !s.is_ok()) {
+      return conn_->close(s.with_context("data path for " + owner_->describe(group_)));  // on_closed redials
+    }
     conn_->send_control(hello);
+    // Up only once the replica's PeerWelcome says where data goes.
+    welcome_timer_.expires_after(kReplicaConnectTimeout);
+    welcome_timer_.async_wait([self = shared_from_this(), conn = conn_](const boost::system::error_code& ec) {
+      if (ec || self->conn_ != conn || self->up_) return;
+      conn->close(Status(ErrorCode::kTimeout, "no PeerWelcome from " + self->owner_->describe(self->group_) +
+                                                  " within " + std::to_string(kReplicaConnectTimeout.count()) +
+                                                  " ms"));
+    });
+  }
+
+  void on_welcome(const wire::PeerWelcome& welcome) {
+    welcome_timer_.cancel();
+    if (Status s = conn_->attach_data_path(welcome.data_path()); !s.is_ok()) {
+      return conn_->close(s.with_context("data path of " + owner_->describe(group_)));  // on_closed redials
+    }
+    const std::string& t = welcome.data_path().transport();
+    spdlog::info("replica link to (shard {}, group {}) at {}: data path {}", options_.shard, group_, address_,
+                 t.empty() ? "tcp" : t);
     for (auto& announce : owner_->announcements(group_)) conn_->send_control(*announce);
     up_ = true;
     ever_up_ = true;
@@ -346,6 +382,7 @@ class ReplicaLink final : public FrameHandler, public std::enable_shared_from_th
   const uint32_t group_;
   asio::io_context& io_;
   asio::steady_timer retry_timer_;
+  asio::steady_timer welcome_timer_;  // while a PeerHello awaits its PeerWelcome
   std::chrono::milliseconds retry_ = kReplicaRetryMin;
   std::shared_ptr<Connection> conn_;
   bool up_ = false;
@@ -353,6 +390,7 @@ class ReplicaLink final : public FrameHandler, public std::enable_shared_from_th
   bool stopping_ = false;
   std::optional<Status> fatal_;
   std::string last_error_;
+  std::string address_;  // last dialled
   std::deque<Queued> queue_;
 };
 
@@ -610,8 +648,18 @@ class WorkerSession final : public FrameHandler,
                                std::to_string(o.shard) + " of " + std::to_string(o.shard_count) + ", group " +
                                std::to_string(o.group) + " of " + std::to_string(o.group_count)));
     }
+    if (Status s = conn_->attach_data_path(hello.data_path()); !s.is_ok()) {
+      return reject(s.with_context("data path of replica group " + std::to_string(hello.group()) + " at " + peer_));
+    }
+    wire::Control welcome;
+    if (Status s = conn_->describe_data_path(welcome.mutable_peer_welcome()->mutable_data_path()); !s.is_ok()) {
+      return reject(s.with_context("data path for replica group " + std::to_string(hello.group())));
+    }
+    conn_->send_control(welcome);
     peer_group_ = hello.group();
-    spdlog::info("inbound stream of replica group {} from {}", *peer_group_, peer_);
+    const std::string& t = hello.data_path().transport();
+    spdlog::info("inbound stream of replica group {} from {}: data path {}", *peer_group_, peer_,
+                 t.empty() ? "tcp" : t);
     reducer_->replicas->set_up(*peer_group_, /*outbound=*/false, true);
   }
 
@@ -1081,7 +1129,7 @@ Result<std::unique_ptr<Reducer>> Reducer::start(const ReducerOptions& options) {
   impl->sweep_timer = std::make_unique<asio::steady_timer>(*impl->contexts.front());
   impl->arm_sweep();
   if (options.group_count > 1) {
-    impl->replicas = std::make_shared<Replicas>(impl, impl->options);
+    impl->replicas = std::make_shared<Replicas>(impl, impl->options, impl->fabric);
     impl->replicas->start(raw);
   }
   for (auto& c : impl->contexts) {

@@ -163,8 +163,9 @@ TEST_P(TransportFault, KilledReducerFailsEveryWorker) {
 // Killing the reducer of shard 1 in group 2 fails every worker of every
 // group within the deadline: group 2's workers lose their stream to it, the
 // others hear from their own reducers that the replica was lost.
-TEST(Fault, KilledReplicaFailsEveryWorkerOfEveryGroup) {
+void killed_replica_fails_every_worker_of_every_group(const std::string& transport) {
   PoolSpec spec;
+  spec.transport = transport;
   spec.shards = 2;
   spec.groups = 3;
   TestCluster cluster(spec);
@@ -175,6 +176,10 @@ TEST(Fault, KilledReplicaFailsEveryWorkerOfEveryGroup) {
                       {{"TALLY_OP_TIMEOUT_MS", std::to_string(op_timeout.count())}});
   ASSERT_TRUE(eventually([&] { return contains(workers.stdout_of(0), "op 20 ok"); }, 30s))
       << workers.stdout_of(0);
+  // The replica links carry partials on the pool's transport.
+  EXPECT_TRUE(contains(cluster.reducer_log(0), "replica link to (shard 0, group 1) at " + cluster.addresses()[2] +
+                                                   ": data path " + transport))
+      << cluster.reducer_log(0);
   const uint32_t victim = 2 * 2 + 1;  // (group 2, shard 1)
   cluster.kill_reducer(victim, SIGKILL);
   const auto killed = std::chrono::steady_clock::now();
@@ -197,6 +202,15 @@ TEST(Fault, KilledReplicaFailsEveryWorkerOfEveryGroup) {
     if (i == victim) continue;
     EXPECT_FALSE(cluster.reducer(i).wait_for(0ms).has_value()) << "reducer " << i;
   }
+}
+
+TEST(Fault, KilledReplicaFailsEveryWorkerOfEveryGroup) { killed_replica_fails_every_worker_of_every_group("tcp"); }
+
+// The same with the replica links (and the workers) on the libfabric data
+// path: losing a replica's fabric peer fails every group the same way.
+TEST(Fault, KilledReplicaOverFabricFailsEveryWorkerOfEveryGroup) {
+  TALLY_SKIP_UNLESS_TRANSPORT("fabric");
+  killed_replica_fails_every_worker_of_every_group("fabric");
 }
 
 // A replica that is killed and started again on its address is redialled
