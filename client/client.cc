@@ -151,8 +151,9 @@ class ShardLink final : public FrameHandler, public std::enable_shared_from_this
     if (!conn_ || closed_) return done();
     wire::Control bye;
     bye.mutable_goodbye()->set_reason(reason);
-    conn_->send_control(bye, [conn = conn_, done](const Status&) {
-      conn->close(Status(ErrorCode::kCancelled, std::string(kCleanGoodbyeReason)));
+    // Weak: the callback sits in the connection's own queue (see the reducer's close_with_error).
+    conn_->send_control(bye, [weak = std::weak_ptr<Connection>(conn_), done](const Status&) {
+      if (auto conn = weak.lock()) conn->close(Status(ErrorCode::kCancelled, std::string(kCleanGoodbyeReason)));
       done();
     });
   }

@@ -187,8 +187,9 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
       if (why.code() == ErrorCode::kVersionMismatch) {
         // Tell the peer in our framing (it may understand it), then close.
         paused_ = true;  // read no further
-        return send_control(make_error(why), [self = shared_from_this(), why](const Status&) {
-          self->fail(why);
+        // Weak: the callback sits in this connection's own write queue.
+        return send_control(make_error(why), [weak = weak_from_this(), why](const Status&) {
+          if (auto self = weak.lock()) self->fail(why);
         });
       }
       return fail(why);

@@ -598,7 +598,12 @@ class WorkerSession final : public FrameHandler,
 
   // On the stream's executor: send `why` as a fatal Error, close once written.
   void close_with_error(const Status& why) {
-    conn_->send_control(make_error(why), [conn = conn_, why](const Status&) { conn->close(why); });
+    // Weak: the callback sits in the connection's own queue, and a strong
+    // reference there would keep it alive forever if the I/O threads stop
+    // before the write completes.
+    conn_->send_control(make_error(why), [weak = std::weak_ptr<Connection>(conn_), why](const Status&) {
+      if (auto conn = weak.lock()) conn->close(why);
+    });
   }
 
   void on_hello(const wire::Hello& hello) {
