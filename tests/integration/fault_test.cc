@@ -170,6 +170,21 @@ void killed_replica_fails_every_worker_of_every_group(const std::string& transpo
   spec.groups = 3;
   TestCluster cluster(spec);
   ASSERT_TRUE(cluster.ok()) << cluster.error();
+  // Every reducer's links to the 2 other replicas of its shard are up
+  // before the job starts: under the sanitizers, setting up fabric links
+  // can take longer than the short op timeout this test uses.
+  ASSERT_TRUE(eventually([&] {
+    for (uint32_t i = 0; i < 6; ++i) {
+      const std::string log = cluster.reducer_log(i);
+      size_t links = 0;
+      for (auto at = log.find("connected to replica"); at != std::string::npos;
+           at = log.find("connected to replica", at + 1)) {
+        ++links;
+      }
+      if (links < 2) return false;
+    }
+    return true;
+  }, 60s)) << cluster.reducer_log(0);
   const auto op_timeout = 4000ms;
   WorkerGroup workers(cluster, "w", unique_job("replica-kill"), 6,
                       [](uint32_t) { return Args{"--count", "9477", "--ops", "200000"}; },
