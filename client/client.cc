@@ -220,8 +220,7 @@ class ShardLink final : public FrameHandler, public std::enable_shared_from_this
     copts.max_data_bytes = client_.options.chunk_bytes;
     copts.heartbeat_interval = client_.options.heartbeat_interval;
     copts.peer_timeout = client_.options.peer_timeout;
-    conn_ = client_.fabric ? client_.fabric->make_connection(std::move(*r), copts)
-                           : make_tcp_connection(std::move(*r), copts);
+    conn_ = make_connection(client_.fabric, std::move(*r), copts);
     conn_->start(shared_from_this());
     wire::Control hello;
     auto* h = hello.mutable_hello();

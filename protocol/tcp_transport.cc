@@ -16,6 +16,7 @@
 
 #include "tally.pb.h"
 #include "tally/protocol/control.h"
+#include "tally/protocol/fabric_transport.h"
 
 namespace tally {
 namespace {
@@ -374,6 +375,12 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
 std::shared_ptr<Connection> make_tcp_connection(tcp::socket socket,
                                                 const ConnectionOptions& options) {
   return std::make_shared<TcpConnection>(std::move(socket), options);
+}
+
+std::shared_ptr<Connection> make_connection(const std::shared_ptr<Fabric>& fabric, tcp::socket socket,
+                                            const ConnectionOptions& options) {
+  return fabric ? fabric->make_connection(std::move(socket), options)
+                : make_tcp_connection(std::move(socket), options);
 }
 
 std::string HostPort::to_string() const {

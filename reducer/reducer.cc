@@ -315,8 +315,7 @@ class ReplicaLink final : public FrameHandler, public std::enable_shared_from_th
       last_error_ = r.status().message();
       return schedule_dial();
     }
-    conn_ = owner_->fabric() ? owner_->fabric()->make_connection(std::move(*r), options_.connection)
-                             : make_tcp_connection(std::move(*r), options_.connection);
+    conn_ = make_connection(owner_->fabric(), std::move(*r), options_.connection);
     conn_->start(shared_from_this());
     wire::Control hello;
     auto* h = hello.mutable_peer_hello();
@@ -757,8 +756,7 @@ class WorkerSession final : public FrameHandler,
 };
 
 void Reducer::Impl::on_accept(asio::ip::tcp::socket socket) {
-  auto conn = fabric ? fabric->make_connection(std::move(socket), options.connection)
-                     : make_tcp_connection(std::move(socket), options.connection);
+  auto conn = make_connection(fabric, std::move(socket), options.connection);
   auto session = std::make_shared<WorkerSession>(shared_from_this(), conn);
   {
     std::lock_guard lock(mu);

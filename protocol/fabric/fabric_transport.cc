@@ -112,6 +112,11 @@ uint64_t piece_count(size_t nbytes, size_t piece_bytes) {
   return nbytes == 0 ? 0 : 1 + (nbytes - 1) / piece_bytes;
 }
 
+// Buffers are registered where the provider asks (FI_MR_LOCAL) or when forced.
+bool needs_registration(const FabricOptions& options, const fi_info* info) {
+  return options.force_registration || (info->domain_attr->mr_mode & FI_MR_LOCAL) != 0;
+}
+
 struct FiInfoDeleter {
   void operator()(fi_info* i) const { fi_freeinfo(i); }
 };
@@ -360,7 +365,7 @@ class FabricImpl final : public Fabric, public std::enable_shared_from_this<Fabr
     info_.provider = probe->fabric_attr->prov_name ? probe->fabric_attr->prov_name : options_.provider;
     info_.fabric = probe->fabric_attr->name ? probe->fabric_attr->name : "";
     info_.domain = probe->domain_attr->name ? probe->domain_attr->name : "";
-    info_.registration = options_.force_registration || (probe->domain_attr->mr_mode & FI_MR_LOCAL);
+    info_.registration = needs_registration(options_, probe.get());
   }
   ~FabricImpl() override { close(); }
 
@@ -799,7 +804,6 @@ class FabricConnection final : public Connection,
       self->op_finished(op);
       self->on_header(seq, s, n);
     };
-    header_ops_[slot] = op;
     fid_ep* ep = endpoint_->ep();
     std::byte* buf = header_bufs_[slot].data();
     const uint64_t tag = header_tag(stream_, seq);
@@ -1094,7 +1098,6 @@ class FabricConnection final : public Connection,
   uint64_t seq_in_ = 0;
   std::array<EncodedHeader, kHeaderSlots> header_bufs_{};
   std::array<bool, kHeaderSlots> header_ready_{};
-  std::array<Op*, kHeaderSlots> header_ops_{};
 
   std::unordered_map<ReceiveKey, Rx, ReceiveKeyHash> rx_;
   std::deque<ReceiveKey> waiting_;
@@ -1155,7 +1158,7 @@ Result<std::shared_ptr<Endpoint>> Endpoint::open(const FabricOptions& options, c
   e->max_msg_size_ = i->ep_attr->max_msg_size;
   if (options.max_msg_bytes > 0) e->max_msg_size_ = std::min(e->max_msg_size_, options.max_msg_bytes);
   e->inject_size_ = i->tx_attr->inject_size;
-  e->registration_ = options.force_registration || (i->domain_attr->mr_mode & FI_MR_LOCAL);
+  e->registration_ = needs_registration(options, i);
   e->mr_ = std::make_unique<MrCache>(e->domain_, (i->domain_attr->mr_mode & FI_MR_PROV_KEY) != 0);
   asio::post(executor, [e] { e->progress(); });
   return e;
@@ -1168,9 +1171,7 @@ void Endpoint::close() {
   retry_timer_.cancel();
   wait_.cancel(ec);
   if (wait_.is_open()) wait_.release();  // libfabric owns the fd
-  std::set<std::shared_ptr<FabricConnection>> retry;
-  retry.swap(retry_);
-  retry.clear();
+  retry_.clear();
   // Close order: endpoint, registrations, AV, CQ, domain, fabric.
   if (ep_) fi_close(&ep_->fid);
   if (mr_) mr_->close();

@@ -82,4 +82,11 @@ class Fabric {
   virtual void close() = 0;
 };
 
+// Wraps a connected socket: through `fabric` when there is one (the data
+// path then follows the handshake), else as a plain TCP connection. The one
+// place workers, reducers and replica links choose their transport.
+std::shared_ptr<Connection> make_connection(const std::shared_ptr<Fabric>& fabric,
+                                            boost::asio::ip::tcp::socket socket,
+                                            const ConnectionOptions& options);
+
 }  // namespace tally
