@@ -43,7 +43,7 @@ Result<std::unique_ptr<LocalPool>> LocalPool::start(const LocalPoolOptions& opti
                  std::to_string(options.shards), "--ready-file", ready_files.back()};
     if (options.groups > 1) {
       spec.args.insert(spec.args.end(), {"--group", std::to_string(i / options.shards), "--groups",
-                                         std::to_string(options.groups), "--peers", "@" + pool_file});
+                                         std::to_string(options.groups), "--pool", "@" + pool_file});
     }
     if (options.stats) spec.args.insert(spec.args.end(), {"--stats-file", pool->stats_path(i)});
     spec.args.insert(spec.args.end(), options.extra_args.begin(), options.extra_args.end());

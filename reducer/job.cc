@@ -3,7 +3,6 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <cstring>
 
 #include "tally.pb.h"
 #include "tally/protocol/control.h"
@@ -15,34 +14,6 @@ namespace tally {
 // How many failed op ids a job remembers to answer late contributions.
 constexpr size_t kFailedOpsRemembered = 4096;
 
-struct ChunkState {
-  uint64_t op = 0;
-  uint32_t chunk = 0;
-  FrameHeader meta;  // the first rank's header: what every other rank must match
-  Job::Clock::time_point created;
-
-  std::mutex mu;
-  std::shared_ptr<Slab> accumulator;
-  bool accumulator_ready = false;
-  std::vector<std::shared_ptr<Slab>> pending;
-  std::vector<bool> seen;  // by rank: header accepted
-  // by rank: the stream that contributed, so a rank that rejoined on a new
-  // stream is not sent a sum it had no part in (compared, never dereferenced)
-  std::vector<const JobMember*> contributors;
-  uint32_t added = 0;         // payloads summed (or parked)
-  bool failed = false;
-
-  // The butterfly between replicas (empty with one participant).
-  std::vector<ButterflyStep> steps;
-  std::vector<std::shared_ptr<Slab>> arrived;  // by step: the partial received for it
-  size_t step = 0;           // the step being run
-  bool step_sent = false;    // its send has been posted
-  uint32_t sends_pending = 0;
-  bool local_done = false;   // every rank of this group has been added
-  bool done_reported = false;
-  Job::Clock::time_point deadline;
-};
-
 namespace {
 
 std::string ranks_string(const std::vector<uint32_t>& ranks) {
@@ -52,12 +23,6 @@ std::string ranks_string(const std::vector<uint32_t>& ranks) {
     out += std::to_string(ranks[i]);
   }
   return out;
-}
-
-std::string shape(const FrameHeader& h) {
-  return "count=" + std::to_string(h.count) + " " + std::string(dtype_name(h.dtype)) + " " +
-         std::string(redop_name(h.redop)) + " chunk@" + std::to_string(h.offset) + "+" +
-         std::to_string(h.length);
 }
 
 std::string sizes_string(const std::vector<uint32_t>& sizes) {
@@ -73,6 +38,16 @@ Job::Job(JobSettings settings, std::shared_ptr<SlabQuota> quota, ReducerCounters
       quota_(std::move(quota)),
       counters_(counters),
       mesh_(std::move(mesh)),
+      butterfly_{participants_, mesh_.get(), counters_.replica_bytes_sent,
+                 [this](uint32_t group) { return left_group(group); },
+                 [this](std::shared_ptr<Chunk> chunk) -> ReplicaMesh::SendDone {
+                   return [self = shared_from_this(), chunk](const Status& status) {
+                     Status why;
+                     const Chunk::Progress progress =
+                         chunk->on_sent(status, self->butterfly_, why);
+                     self->settle(chunk, progress, why);
+                   };
+                 }},
       members_(settings_.world_size),
       memberless_since_(Clock::now()) {
   if (settings_.group_sizes.empty()) {
@@ -98,30 +73,31 @@ size_t Job::quota_slabs(uint32_t window, size_t participants) {
 }
 
 std::string Job::replica_name() const {
-  return "replica (shard " + std::to_string(settings_.shard) + ", group " +
-         std::to_string(settings_.group) + ")";
+  return tally::replica_name(settings_.shard, settings_.group);
 }
 
-Status Job::check_peer_settings(const wire::PeerJob& peer, const std::string& who) const {
-  std::vector<uint32_t> sizes(peer.group_sizes().begin(), peer.group_sizes().end());
-  if (peer.world_size() != settings_.world_size || sizes != settings_.group_sizes) {
+Status Job::check_replica_settings(const wire::ReplicaJob& replica, const std::string& who) const {
+  std::vector<uint32_t> sizes(replica.group_sizes().begin(), replica.group_sizes().end());
+  if (replica.world_size() != settings_.world_size || sizes != settings_.group_sizes) {
     return Status(ErrorCode::kMismatch,
-                  who + " has job '" + name() + "' with world size " + std::to_string(peer.world_size()) +
-                      " and group sizes " + sizes_string(sizes) + ", " + replica_name() +
-                      " has world size " + std::to_string(settings_.world_size) + " and group sizes " +
-                      sizes_string(settings_.group_sizes) + " (every rank must use the same TALLY_GROUPS and groups)");
+                  who + " has job '" + name() + "' with world size " +
+                      std::to_string(replica.world_size()) + " and group sizes " +
+                      sizes_string(sizes) + ", " + replica_name() + " has world size " +
+                      std::to_string(settings_.world_size) + " and group sizes " +
+                      sizes_string(settings_.group_sizes) +
+                      " (every rank must use the same TALLY_GROUPS and groups)");
   }
   return Status::ok();
 }
 
-std::shared_ptr<const wire::Control> Job::peer_job_message() const {
+std::shared_ptr<const wire::Control> Job::replica_job_message() const {
   auto message = std::make_shared<wire::Control>();
-  auto* pj = message->mutable_peer_job();
-  pj->set_job(name());
-  pj->set_world_size(settings_.world_size);
-  for (uint32_t size : settings_.group_sizes) pj->add_group_sizes(size);
-  pj->set_op_timeout_ms(static_cast<uint32_t>(settings_.op_timeout.count()));
-  pj->set_groups_explicit(settings_.groups_explicit);
+  auto* rj = message->mutable_replica_job();
+  rj->set_job(name());
+  rj->set_world_size(settings_.world_size);
+  for (uint32_t size : settings_.group_sizes) rj->add_group_sizes(size);
+  rj->set_op_timeout_ms(static_cast<uint32_t>(settings_.op_timeout.count()));
+  rj->set_groups_explicit(settings_.groups_explicit);
   return message;
 }
 
@@ -135,16 +111,17 @@ Status Job::join(const std::shared_ptr<JobMember>& member) {
                       "); every worker must disconnect before the job can start again");
   }
   if (members_[rank]) {
-    return Status(ErrorCode::kAlreadyExists, "rank " + std::to_string(rank) + " of job '" +
-                                                 name() + "' is already connected from " +
+    return Status(ErrorCode::kAlreadyExists, "rank " + std::to_string(rank) + " of job '" + name() +
+                                                 "' is already connected from " +
                                                  members_[rank]->peer());
   }
   if (!joined_.count(rank) && joined_.size() >= local_size_) {
     return Status(ErrorCode::kInvalidArgument,
-                  "group " + std::to_string(settings_.group) + " of job '" + name() + "' already has its " +
-                      std::to_string(local_size_) + " workers (ranks " +
-                      ranks_string(std::vector<uint32_t>(joined_.begin(), joined_.end())) + "); rank " +
-                      std::to_string(rank) + " cannot join it (check TALLY_GROUP_SIZES)");
+                  "group " + std::to_string(settings_.group) + " of job '" + name() +
+                      "' already has its " + std::to_string(local_size_) + " workers (ranks " +
+                      ranks_string(std::vector<uint32_t>(joined_.begin(), joined_.end())) +
+                      "); rank " + std::to_string(rank) +
+                      " cannot join it (check TALLY_GROUP_SIZES)");
   }
   members_[rank] = member;
   joined_.insert(rank);
@@ -152,7 +129,7 @@ Status Job::join(const std::shared_ptr<JobMember>& member) {
   return Status::ok();
 }
 
-void Job::leave(const JobMember* member, const Status& why, bool goodbye) {
+void Job::leave(const JobMember* member, const Status& why, Departure how) {
   std::lock_guard lock(mu_);
   const uint32_t rank = member->rank();
   if (rank >= members_.size() || members_[rank].get() != member) return;
@@ -160,16 +137,16 @@ void Job::leave(const JobMember* member, const Status& why, bool goodbye) {
   if (std::none_of(members_.begin(), members_.end(), [](auto& m) { return m != nullptr; })) {
     memberless_since_ = Clock::now();
   }
-  std::set<uint64_t> ops;
-  if (goodbye) {
+  if (how == Departure::kGoodbye) {
     departed_[rank] = why.message();
+    std::set<uint64_t> ops;
     for (auto& [key, chunk] : chunks_) {
-      std::lock_guard chunk_lock(chunk->mu);
-      if (!chunk->seen[rank]) ops.insert(key.first);
+      if (!chunk->seen(rank)) ops.insert(key.first);
     }
-    const Status gone(ErrorCode::kPeerLost, "rank " + std::to_string(rank) + " (" + member->peer() +
-                                                ") left job '" + name() +
-                                                "' before contributing (it said: " + why.message() + ")");
+    const Status gone(ErrorCode::kPeerLost, "rank " + std::to_string(rank) + " (" +
+                                                member->peer() + ") left job '" + name() +
+                                                "' before contributing (it said: " +
+                                                why.message() + ")");
     for (uint64_t op : ops) fail_op_locked(op, gone, {rank});
     return;
   }
@@ -179,9 +156,7 @@ void Job::leave(const JobMember* member, const Status& why, bool goodbye) {
     lost_ = lost;
     lost_ranks_ = {rank};
   }
-  for (auto& [key, chunk] : chunks_) ops.insert(key.first);
-  for (auto& [key, early] : early_) ops.insert(key.first);
-  for (uint64_t op : ops) fail_op_locked(op, lost, {rank});
+  fail_all_ops_locked(lost, {rank}, Forward::kYes);
 }
 
 std::vector<std::shared_ptr<JobMember>> Job::members_locked() const {
@@ -193,7 +168,7 @@ std::vector<std::shared_ptr<JobMember>> Job::members_locked() const {
 }
 
 void Job::fail_op_locked(uint64_t op, const Status& status, const std::vector<uint32_t>& ranks,
-                         bool forward) {
+                         Forward forward) {
   if (failed_ops_.count(op)) return;
   auto message = std::make_shared<const wire::Control>(make_error(status, op, ranks));
   failed_ops_.emplace(op, message);
@@ -205,28 +180,28 @@ void Job::fail_op_locked(uint64_t op, const Status& status, const std::vector<ui
   counters_.ops_failed.fetch_add(1, std::memory_order_relaxed);
   auto first = chunks_.lower_bound({op, 0});
   auto last = chunks_.lower_bound({op + 1, 0});
-  for (auto it = first; it != last; ++it) {
-    std::lock_guard chunk_lock(it->second->mu);
-    it->second->failed = true;
-    it->second->accumulator.reset();
-    it->second->pending.clear();
-    it->second->arrived.clear();
-  }
+  for (auto it = first; it != last; ++it) it->second->fail();
   chunks_.erase(first, last);
   early_.erase(early_.lower_bound({op, 0}), early_.lower_bound({op + 1, 0}));
   straggler_logged_.erase(op);
-  spdlog::warn("job '{}' shard {} group {} op {} failed: {}", name(), settings_.shard, settings_.group, op,
-               status.to_string());
+  spdlog::warn("job '{}' shard {} group {} op {} failed: {}", name(), settings_.shard,
+               settings_.group, op, status.to_string());
   for (auto& m : members_locked()) m->send_control(message);
-  if (forward && participants_.size() > 1) {
-    auto peer_error = std::make_shared<wire::Control>();
-    peer_error->mutable_peer_error()->set_job(name());
-    *peer_error->mutable_peer_error()->mutable_error() =
-        make_error(status.with_context("on " + replica_name()), op, ranks).error();
+  if (forward == Forward::kYes && participants_.size() > 1) {
+    auto error =
+        replica_error_message(name(), status.with_context("on " + replica_name()), op, ranks);
     for (uint32_t g : participants_) {
-      if (g != settings_.group) mesh_->send_control(g, peer_error);
+      if (g != settings_.group) mesh_->send_control(g, error);
     }
   }
+}
+
+void Job::fail_all_ops_locked(const Status& status, const std::vector<uint32_t>& ranks,
+                              Forward forward) {
+  std::set<uint64_t> ops;
+  for (auto& [key, chunk] : chunks_) ops.insert(key.first);
+  for (auto& [key, early] : early_) ops.insert(key.first);
+  for (uint64_t op : ops) fail_op_locked(op, status, ranks, forward);
 }
 
 PayloadAction Job::on_contribution_header(const std::shared_ptr<JobMember>& member,
@@ -251,31 +226,22 @@ PayloadAction Job::on_contribution_header(const std::shared_ptr<JobMember>& memb
   }
   const ChunkKey key{h.op, h.chunk};
   auto it = chunks_.find(key);
-  std::shared_ptr<ChunkState> chunk;
+  std::shared_ptr<Chunk> chunk;
   if (it == chunks_.end()) {
-    chunk = std::make_shared<ChunkState>();
-    chunk->op = h.op;
-    chunk->chunk = h.chunk;
-    chunk->meta = h;
-    chunk->created = Clock::now();
-    chunk->deadline = chunk->created + settings_.op_timeout;
-    chunk->seen.assign(settings_.world_size, false);
-    chunk->contributors.assign(settings_.world_size, nullptr);
+    std::vector<ButterflyStep> steps;
     if (participants_.size() > 1) {
-      chunk->steps = butterfly_schedule(static_cast<uint32_t>(participants_.size()), my_index_,
-                                        h.length / dtype_size(h.dtype));
-      chunk->arrived.resize(chunk->steps.size());
+      steps = butterfly_schedule(static_cast<uint32_t>(participants_.size()), my_index_,
+                                 h.length / dtype_size(h.dtype));
     }
+    const auto now = Clock::now();
+    chunk = std::make_shared<Chunk>(h, now, now + settings_.op_timeout, settings_.world_size,
+                                    std::move(steps));
     chunks_.emplace(key, chunk);
     if (auto early = early_.find(key); early != early_.end()) {
       std::vector<EarlyPartial> partials = std::move(early->second);
       early_.erase(early);
       for (auto& p : partials) {
-        Status placed;
-        {
-          std::lock_guard chunk_lock(chunk->mu);
-          placed = place_locked(*chunk, p.from_group, p.header, std::move(p.slab));
-        }
+        Status placed = chunk->place(p.from_group, p.header, std::move(p.slab), butterfly_);
         if (!placed.is_ok()) {
           fail_op_locked(h.op, placed, {});
           return PayloadAction::discard();
@@ -285,23 +251,21 @@ PayloadAction Job::on_contribution_header(const std::shared_ptr<JobMember>& memb
   } else {
     chunk = it->second;
   }
-  const FrameHeader& m = chunk->meta;
+  const FrameHeader& m = chunk->meta();
   if (m.count != h.count || m.dtype != h.dtype || m.redop != h.redop || m.offset != h.offset ||
       m.length != h.length) {
     fail_op_locked(h.op,
                    Status(ErrorCode::kMismatch,
                           "contributions to op " + std::to_string(h.op) + " disagree: rank " +
-                              std::to_string(m.rank) + " sent " + shape(m) + ", rank " +
-                              std::to_string(h.rank) + " sent " + shape(h)),
+                              std::to_string(m.rank) + " sent " + chunk_shape(m) + ", rank " +
+                              std::to_string(h.rank) + " sent " + chunk_shape(h)),
                    {m.rank, h.rank});
     return PayloadAction::discard();
   }
-  std::unique_lock chunk_lock(chunk->mu);
   // Checked after agreement, so a mismatch is reported as such even when a
   // rank that saw it has already left.
   for (auto& [gone, reason] : departed_) {
-    if (chunk->seen[gone]) continue;
-    chunk_lock.unlock();
+    if (chunk->seen(gone)) continue;
     fail_op_locked(h.op,
                    Status(ErrorCode::kPeerLost, "rank " + std::to_string(gone) + " has left job '" +
                                                     name() + "' (it said: " + reason + "); op " +
@@ -310,7 +274,7 @@ PayloadAction Job::on_contribution_header(const std::shared_ptr<JobMember>& memb
                    {gone});
     return PayloadAction::discard();
   }
-  if (chunk->seen[h.rank]) {
+  if (chunk->seen(h.rank)) {
     return PayloadAction::close(Status(
         ErrorCode::kProtocol, "rank " + std::to_string(h.rank) + " contributed twice to op " +
                                   std::to_string(h.op) + " chunk " + std::to_string(h.chunk)));
@@ -320,69 +284,46 @@ PayloadAction Job::on_contribution_header(const std::shared_ptr<JobMember>& memb
     if (auto m = weak.lock()) m->wake();
   });
   if (!slab) return PayloadAction::pause();
-  chunk->seen[h.rank] = true;
-  chunk->contributors[h.rank] = member.get();
-  pending.chunk = chunk;
-  pending.owner = chunk->accumulator == nullptr;
-  if (pending.owner) chunk->accumulator = slab;
+  pending.owner = chunk->accept(h.rank, member.get(), slab);
+  pending.chunk = std::move(chunk);
   pending.slab = std::move(slab);
   return PayloadAction::receive(pending.slab->first(h.length));
 }
 
 void Job::on_contribution_payload(const FrameHeader& h, PendingContribution& pending) {
   counters_.bytes_received.fetch_add(h.length, std::memory_order_relaxed);
-  std::shared_ptr<ChunkState> chunk = std::move(pending.chunk);
+  std::shared_ptr<Chunk> chunk = std::move(pending.chunk);
   std::shared_ptr<Slab> slab = std::move(pending.slab);
   const bool owner = pending.owner;
   pending.reset();
-  bool finished = false;
-  std::optional<std::pair<Progress, Status>> pending_settle;
-  {
-    std::lock_guard chunk_lock(chunk->mu);
-    if (chunk->failed) return;
-    const DType dtype = chunk->meta.dtype;
-    const size_t nbytes = chunk->meta.length;
-    if (owner) {
-      chunk->accumulator_ready = true;
-      for (auto& p : chunk->pending) reduce_into(dtype, chunk->accumulator->data(), p->data(), nbytes);
-      chunk->pending.clear();
-    } else if (chunk->accumulator_ready) {
-      reduce_into(dtype, chunk->accumulator->data(), slab->data(), nbytes);
-    } else {
-      chunk->pending.push_back(std::move(slab));
-    }
-    slab.reset();
-    chunk->added++;
-    finished = chunk->added == local_size_;
-    if (finished) TALLY_CHECK(chunk->accumulator_ready && chunk->pending.empty());
-    if (finished && !chunk->steps.empty()) {
-      chunk->local_done = true;
-      Status why;
-      const Progress progress = advance_locked(chunk, why);
-      finished = false;
-      // settle() takes the job lock: leave the chunk's scope first.
-      pending_settle = {progress, why};
-    }
-  }
-  if (pending_settle) return settle(chunk, pending_settle->first, pending_settle->second);
-  if (finished) finish(chunk);
+  Status why;
+  const Chunk::Progress progress = chunk->add(owner, std::move(slab), local_size_, butterfly_, why);
+  settle(chunk, progress, why);
 }
 
-void Job::finish(const std::shared_ptr<ChunkState>& chunk) {
+void Job::settle(const std::shared_ptr<Chunk>& chunk, Chunk::Progress progress, const Status& why) {
+  if (progress == Chunk::Progress::kDone) return finish(chunk);
+  if (progress == Chunk::Progress::kFailed) {
+    std::lock_guard lock(mu_);
+    fail_op_locked(chunk->op(), why, {});
+  }
+}
+
+void Job::finish(const std::shared_ptr<Chunk>& chunk) {
   std::vector<std::shared_ptr<JobMember>> members;
   {
     std::lock_guard lock(mu_);
-    auto it = chunks_.find({chunk->op, chunk->chunk});
+    auto it = chunks_.find({chunk->op(), chunk->index()});
     if (it == chunks_.end() || it->second != chunk) return;  // failed meanwhile
     chunks_.erase(it);
-    straggler_logged_.erase(chunk->op);
+    straggler_logged_.erase(chunk->op());
     for (uint32_t r = 0; r < members_.size(); ++r) {
-      if (members_[r] && members_[r].get() == chunk->contributors[r]) members.push_back(members_[r]);
+      if (members_[r] && chunk->contributed(r, members_[r].get())) members.push_back(members_[r]);
     }
   }
   // No other thread touches a chunk after it left the map and all payloads are in.
-  std::shared_ptr<Slab> result = std::move(chunk->accumulator);
-  FrameHeader out = chunk->meta;
+  std::shared_ptr<Slab> result = chunk->take_result();
+  FrameHeader out = chunk->meta();
   if (out.redop == RedOp::kAverage) {
     scale_average(out.dtype, result->data(), out.length, settings_.world_size);
   }
@@ -397,7 +338,9 @@ std::string Job::history_of(const std::vector<uint32_t>& ranks) const {
   std::string out;
   for (uint32_t r : ranks) {
     auto it = settings_.history.find(r);
-    if (it != settings_.history.end()) out += " (rank " + std::to_string(r) + " left earlier: " + it->second + ")";
+    if (it != settings_.history.end()) {
+      out += " (rank " + std::to_string(r) + " left earlier: " + it->second + ")";
+    }
   }
   return out;
 }
@@ -416,12 +359,15 @@ std::map<uint32_t, std::string> Job::departures() const {
   return out;
 }
 
-std::vector<uint32_t> Job::missing_locked(const ChunkState& chunk, std::string* note) const {
+std::vector<uint32_t> Job::missing_locked(const std::vector<bool>& seen, std::string* note) const {
   std::vector<uint32_t> ranks;
   if (!settings_.groups_explicit) {
-    const uint32_t groups = settings_.group_sizes.empty() ? 1 : static_cast<uint32_t>(settings_.group_sizes.size());
-    for (uint32_t r = 0; r < chunk.seen.size(); ++r) {
-      if (!chunk.seen[r] && (groups == 1 || default_group_of(r, settings_.world_size, groups) == settings_.group)) {
+    const uint32_t groups = settings_.group_sizes.empty()
+                                ? 1
+                                : static_cast<uint32_t>(settings_.group_sizes.size());
+    for (uint32_t r = 0; r < seen.size(); ++r) {
+      if (!seen[r] && (groups == 1 || default_group_of(r, settings_.world_size, groups) ==
+                                          settings_.group)) {
         ranks.push_back(r);
       }
     }
@@ -429,7 +375,7 @@ std::vector<uint32_t> Job::missing_locked(const ChunkState& chunk, std::string* 
   }
   // Explicit groups: only the ranks that joined are known to be ours.
   for (uint32_t r : joined_) {
-    if (!chunk.seen[r]) ranks.push_back(r);
+    if (!seen[r]) ranks.push_back(r);
   }
   if (joined_.size() < local_size_ && note) {
     *note = " and " + std::to_string(local_size_ - joined_.size()) + " worker(s) of group " +
@@ -447,21 +393,15 @@ void Job::sweep(Clock::time_point now) {
   };
   std::map<uint64_t, Overdue> overdue;  // op -> what it waits for, for timed-out ops
   for (auto& [key, chunk] : chunks_) {
-    const auto age = now - chunk->created;
+    const auto age = now - chunk->created();
     const bool timed_out = age > settings_.op_timeout;
     const bool straggling = age > settings_.op_timeout / 2;
     if (!timed_out && !(straggling && !straggler_logged_.count(key.first))) continue;
     std::vector<uint32_t> ranks;
     std::string note;
-    std::optional<uint32_t> replica;
-    {
-      std::lock_guard chunk_lock(chunk->mu);
-      if (chunk->local_done) {
-        if (chunk->step < chunk->steps.size()) replica = participants_[chunk->steps[chunk->step].partner];
-      } else {
-        ranks = missing_locked(*chunk, &note);
-      }
-    }
+    const Chunk::Waiting waiting = chunk->waiting(participants_);
+    const std::optional<uint32_t> replica = waiting.replica;
+    if (!waiting.local_done) ranks = missing_locked(waiting.seen, &note);
     if (timed_out) {
       Overdue& o = overdue[key.first];
       for (uint32_t r : ranks) {
@@ -471,14 +411,13 @@ void Job::sweep(Clock::time_point now) {
       if (replica && !o.replica) o.replica = replica;
     } else {
       straggler_logged_.insert(key.first);
+      const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(age).count();
       if (replica) {
         spdlog::warn("job '{}' shard {} op {} chunk {}: still waiting for {} after {} ms", name(),
-                     settings_.shard, key.first, key.second, mesh_->describe(*replica),
-                     std::chrono::duration_cast<std::chrono::milliseconds>(age).count());
+                     settings_.shard, key.first, key.second, mesh_->describe(*replica), ms);
       } else {
-        spdlog::warn("job '{}' shard {} op {} chunk {}: still waiting for ranks [{}]{} after {} ms", name(),
-                     settings_.shard, key.first, key.second, ranks_string(ranks), note,
-                     std::chrono::duration_cast<std::chrono::milliseconds>(age).count());
+        spdlog::warn("job '{}' shard {} op {} chunk {}: still waiting for ranks [{}]{} after {} ms",
+                     name(), settings_.shard, key.first, key.second, ranks_string(ranks), note, ms);
       }
     }
   }
@@ -487,137 +426,24 @@ void Job::sweep(Clock::time_point now) {
   for (auto& [key, partials] : early_) {
     if (partials.empty() || now - partials.front().arrived <= settings_.op_timeout) continue;
     if (overdue.count(key.first)) continue;
-    ChunkState none;
-    none.seen.assign(settings_.world_size, false);
     Overdue& o = overdue[key.first];
-    o.ranks = missing_locked(none, &o.note);
+    o.ranks = missing_locked(std::vector<bool>(settings_.world_size, false), &o.note);
   }
   for (auto& [op, o] : overdue) {
     std::sort(o.ranks.begin(), o.ranks.end());
-    std::string what = o.ranks.empty() && o.replica ? mesh_->describe(*o.replica)
-                                                    : "ranks [" + ranks_string(o.ranks) + "]" + o.note;
-    fail_op_locked(op,
-                   Status(ErrorCode::kTimeout,
-                          "op " + std::to_string(op) + " of job '" + name() + "' timed out after " +
-                              std::to_string(settings_.op_timeout.count()) + " ms on shard " +
-                              std::to_string(settings_.shard) +
-                              (participants_.size() > 1 ? " group " + std::to_string(settings_.group) : "") +
-                              " waiting for " + what + history_of(o.ranks)),
-                   o.ranks);
+    std::string what = o.ranks.empty() && o.replica
+                           ? mesh_->describe(*o.replica)
+                           : "ranks [" + ranks_string(o.ranks) + "]" + o.note;
+    fail_op_locked(
+        op,
+        Status(ErrorCode::kTimeout,
+               "op " + std::to_string(op) + " of job '" + name() + "' timed out after " +
+                   std::to_string(settings_.op_timeout.count()) + " ms on shard " +
+                   std::to_string(settings_.shard) +
+                   (participants_.size() > 1 ? " group " + std::to_string(settings_.group) : "") +
+                   " waiting for " + what + history_of(o.ranks)),
+        o.ranks);
   }
-}
-
-// ---------------------------------------------------------------------------
-// The butterfly between replicas.
-
-Status Job::place_locked(ChunkState& chunk, uint32_t from_group, const FrameHeader& h,
-                         std::shared_ptr<Slab> slab) {
-  const FrameHeader& m = chunk.meta;
-  const size_t esize = dtype_size(m.dtype);
-  const std::string who = mesh_->describe(from_group);
-  auto bad = [&](const std::string& why) {
-    return Status(ErrorCode::kMismatch, "partial of op " + std::to_string(h.op) + " chunk " +
-                                            std::to_string(h.chunk) + " from " + who + " " + why);
-  };
-  if (h.count != m.count || h.dtype != m.dtype || h.redop != m.redop) {
-    return bad("disagrees with this group's contributions: it has " + shape(h) + ", here " + shape(m));
-  }
-  for (size_t i = 0; i < chunk.steps.size(); ++i) {
-    const ButterflyStep& s = chunk.steps[i];
-    if (participants_[s.partner] != from_group || s.tag != h.rank || s.recv.empty()) continue;
-    if (h.offset != m.offset + s.recv.begin * esize || h.length != s.recv.size() * esize) {
-      return bad("covers bytes [" + std::to_string(h.offset) + ", +" + std::to_string(h.length) +
-                 "), the butterfly expects [" + std::to_string(m.offset + s.recv.begin * esize) + ", +" +
-                 std::to_string(s.recv.size() * esize) + ") (do the replicas' group sizes agree?)");
-    }
-    if (chunk.arrived[i] || i < chunk.step) return bad("arrived twice");
-    chunk.arrived[i] = std::move(slab);
-    return Status::ok();
-  }
-  return bad("has tag " + std::to_string(h.rank) + ", which this replica's butterfly does not expect from it");
-}
-
-Job::Progress Job::advance_locked(const std::shared_ptr<ChunkState>& chunk, Status& why) {
-  ChunkState& c = *chunk;
-  if (c.failed || c.done_reported) return Progress::kWaiting;
-  const size_t esize = dtype_size(c.meta.dtype);
-  while (c.step < c.steps.size()) {
-    const ButterflyStep& s = c.steps[c.step];
-    const uint32_t group = participants_[s.partner];
-    if (!c.step_sent) {
-      c.step_sent = true;
-      if (!s.send.empty()) {
-        if (auto lost = mesh_->lost(group)) {
-          why = *lost;
-          return Progress::kFailed;
-        }
-        FrameHeader h = c.meta;
-        h.kind = FrameKind::kPartial;
-        h.rank = s.tag;
-        h.offset = c.meta.offset + s.send.begin * esize;
-        h.length = s.send.size() * esize;
-        c.sends_pending++;
-        counters_.replica_bytes_sent.fetch_add(h.length, std::memory_order_relaxed);
-        mesh_->send_partial(group, h, c.accumulator, s.send.begin * esize, c.deadline,
-                            [self = shared_from_this(), chunk](const Status& status) {
-                              self->on_partial_sent(chunk, status);
-                            });
-      }
-    }
-    if (!s.recv.empty()) {
-      if (!c.arrived[c.step]) {
-        if (auto lost = mesh_->lost(group)) {
-          why = *lost;
-          return Progress::kFailed;
-        }
-        if (auto left = left_group(group)) {
-          why = *left;
-          return Progress::kFailed;
-        }
-        return Progress::kWaiting;
-      }
-      // Never write into the accumulator while a send still reads it.
-      if (c.sends_pending > 0) return Progress::kWaiting;
-      std::byte* dst = c.accumulator->data() + s.recv.begin * esize;
-      const std::byte* src = c.arrived[c.step]->data();
-      if (s.apply == ButterflyStep::Apply::kAdd) {
-        reduce_into(c.meta.dtype, dst, src, s.recv.size() * esize);
-      } else {
-        std::memcpy(dst, src, s.recv.size() * esize);
-      }
-      c.arrived[c.step].reset();
-    }
-    c.step++;
-    c.step_sent = false;
-  }
-  if (c.sends_pending > 0) return Progress::kWaiting;
-  c.done_reported = true;
-  return Progress::kDone;
-}
-
-void Job::settle(const std::shared_ptr<ChunkState>& chunk, Progress progress, const Status& why) {
-  if (progress == Progress::kDone) return finish(chunk);
-  if (progress == Progress::kFailed) {
-    std::lock_guard lock(mu_);
-    fail_op_locked(chunk->op, why, {});
-  }
-}
-
-void Job::on_partial_sent(const std::shared_ptr<ChunkState>& chunk, const Status& status) {
-  Progress progress = Progress::kWaiting;
-  Status why;
-  {
-    std::lock_guard chunk_lock(chunk->mu);
-    chunk->sends_pending--;
-    if (chunk->failed) return;
-    if (!status.is_ok()) {
-      why = status;
-      progress = Progress::kFailed;
-    } else if (chunk->local_done) {
-      progress = advance_locked(chunk, why);
-    }
-  }
-  settle(chunk, progress, why);
 }
 
 PayloadAction Job::on_partial_header(uint32_t from_group, const FrameHeader& h,
@@ -625,24 +451,21 @@ PayloadAction Job::on_partial_header(uint32_t from_group, const FrameHeader& h,
   std::lock_guard lock(mu_);
   if (std::find(participants_.begin(), participants_.end(), from_group) == participants_.end() ||
       from_group == settings_.group) {
-    return PayloadAction::close(Status(ErrorCode::kProtocol, mesh_->describe(from_group) +
-                                                                 " sent a partial of job '" + name() +
-                                                                 "', in which its group has no workers"));
+    return PayloadAction::close(Status(ErrorCode::kProtocol,
+                                       mesh_->describe(from_group) + " sent a partial of job '" +
+                                           name() + "', in which its group has no workers"));
   }
-  auto answer = [&](const wire::Control& error) {
-    auto reply = std::make_shared<wire::Control>();
-    reply->mutable_peer_error()->set_job(name());
-    *reply->mutable_peer_error()->mutable_error() = error.error();
-    mesh_->send_control(from_group, reply);
-  };
   if (retired_) {
-    answer(make_error(Status(ErrorCode::kPeerLost, replica_name() + " no longer has job '" + name() +
-                                                       "': " + retired_why_),
-                      h.op));
+    mesh_->send_control(from_group, replica_error_message(name(),
+                                                          job_gone_here(settings_.shard,
+                                                                        settings_.group, name(),
+                                                                        retired_why_),
+                                                          h.op));
     return PayloadAction::discard();
   }
   if (auto failed = failed_ops_.find(h.op); failed != failed_ops_.end()) {
-    answer(*failed->second);  // it may not have heard of the failure yet
+    // It may not have heard of the failure yet.
+    mesh_->send_control(from_group, replica_error_message(name(), failed->second->error()));
     return PayloadAction::discard();
   }
   if (lost_) {
@@ -661,7 +484,7 @@ void Job::on_partial_payload(const FrameHeader& h, PendingPartial& pending) {
   std::shared_ptr<Slab> slab = std::move(pending.slab);
   const uint32_t from = pending.from_group;
   pending = {};
-  std::shared_ptr<ChunkState> chunk;
+  std::shared_ptr<Chunk> chunk;
   {
     std::lock_guard lock(mu_);
     if (failed_ops_.count(h.op)) return;
@@ -672,34 +495,21 @@ void Job::on_partial_payload(const FrameHeader& h, PendingPartial& pending) {
     }
     chunk = it->second;
   }
-  Progress progress = Progress::kWaiting;
   Status why;
-  {
-    std::lock_guard chunk_lock(chunk->mu);
-    if (chunk->failed) return;
-    why = place_locked(*chunk, from, h, std::move(slab));
-    if (!why.is_ok()) {
-      progress = Progress::kFailed;
-    } else if (chunk->local_done) {
-      progress = advance_locked(chunk, why);
-    }
-  }
+  const Chunk::Progress progress = chunk->on_partial(from, h, std::move(slab), butterfly_, why);
   settle(chunk, progress, why);
 }
 
-void Job::on_peer_error(const wire::Error& error) {
+void Job::on_replica_error(const wire::Error& error) {
   std::lock_guard lock(mu_);
   const Status status = status_from_error(error);
   const std::vector<uint32_t> ranks(error.ranks().begin(), error.ranks().end());
-  if (error.has_op()) return fail_op_locked(error.op(), status, ranks, /*forward=*/false);
+  if (error.has_op()) return fail_op_locked(error.op(), status, ranks, Forward::kNo);
   if (!lost_) {
     lost_ = status;
     lost_ranks_ = ranks;
   }
-  std::set<uint64_t> ops;
-  for (auto& [key, chunk] : chunks_) ops.insert(key.first);
-  for (auto& [key, early] : early_) ops.insert(key.first);
-  for (uint64_t op : ops) fail_op_locked(op, status, ranks, /*forward=*/false);
+  fail_all_ops_locked(status, ranks, Forward::kNo);
 }
 
 std::optional<Status> Job::left_group(uint32_t group) const {
@@ -710,7 +520,7 @@ std::optional<Status> Job::left_group(uint32_t group) const {
 }
 
 void Job::on_replica_left(uint32_t group, const Status& why) {
-  std::vector<std::shared_ptr<ChunkState>> snapshot;
+  std::vector<std::shared_ptr<Chunk>> snapshot;
   {
     std::lock_guard lock(mu_);
     {
@@ -722,20 +532,8 @@ void Job::on_replica_left(uint32_t group, const Status& why) {
   // Partials from it arrived before this (one stream, in order), so a chunk
   // still missing one will never get it.
   for (auto& chunk : snapshot) {
-    Progress progress = Progress::kWaiting;
     Status failed;
-    {
-      std::lock_guard chunk_lock(chunk->mu);
-      if (chunk->failed) continue;
-      for (size_t i = chunk->step; i < chunk->steps.size(); ++i) {
-        const ButterflyStep& s = chunk->steps[i];
-        if (participants_[s.partner] == group && !s.recv.empty() && !chunk->arrived[i]) {
-          progress = Progress::kFailed;
-          failed = why;
-          break;
-        }
-      }
-    }
+    const Chunk::Progress progress = chunk->on_replica_left(group, butterfly_, why, failed);
     settle(chunk, progress, failed);
   }
 }
@@ -746,10 +544,7 @@ void Job::on_replica_lost(uint32_t group, const Status& why) {
       std::find(participants_.begin(), participants_.end(), group) == participants_.end()) {
     return;
   }
-  std::set<uint64_t> ops;
-  for (auto& [key, chunk] : chunks_) ops.insert(key.first);
-  for (auto& [key, early] : early_) ops.insert(key.first);
-  for (uint64_t op : ops) fail_op_locked(op, why, {});
+  fail_all_ops_locked(why, {}, Forward::kYes);
 }
 
 void Job::retire(std::string why) {

@@ -60,9 +60,11 @@ int main(int argc, char** argv) {
       ->envname("TALLY_GROUP")->capture_default_str();
   app.add_option("--groups", options.group_count, "number of replica groups in the pool")
       ->envname("TALLY_GROUPS")->capture_default_str()->check(CLI::Range(1, 1024));
-  app.add_option("--peers", options.peers,
-                 "with --groups > 1: the whole pool, host:port,... in (group, shard) order, or @FILE holding it")
-      ->envname("TALLY_PEERS");
+  // --peers / TALLY_PEERS: the names before replicas were named replicas.
+  app.add_option("--pool,--peers", options.pool,
+                 "with --groups > 1: the whole pool, host:port,... in (group, shard) order (the "
+                 "workers' TALLY_POOL), or @FILE holding it")
+      ->envname("TALLY_POOL");
   app.add_option("--stats-file", stats_file,
                  "rewrite the counters here (Prometheus text format) every 100 ms and at exit")
       ->envname("TALLY_STATS_FILE");
@@ -100,6 +102,9 @@ int main(int argc, char** argv) {
   app.add_option("--ready-file", ready_file,
                  "write the bound host:port here once listening (for launchers)");
   CLI11_PARSE(app, argc, argv);
+  if (const char* peers = std::getenv("TALLY_PEERS"); options.pool.empty() && peers) {
+    options.pool = peers;
+  }
 
   auto logger = spdlog::stderr_color_mt("tally-reducer");
   spdlog::set_default_logger(logger);

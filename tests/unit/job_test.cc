@@ -211,7 +211,7 @@ TEST(Accumulator, FullQuotaPausesAndWakesWhenASlabFrees) {
   f.deliver(ha, a, aa.dst);
   f.deliver(hb, b, ab.dst);
   EXPECT_EQ(f.members[1]->wakes, 0);
-  f.job->leave(f.members[0].get(), Status(ErrorCode::kPeerLost, "gone"), /*goodbye=*/false);
+  f.job->leave(f.members[0].get(), Status(ErrorCode::kPeerLost, "gone"), Departure::kLost);
   EXPECT_GE(f.members[1]->wakes, 1);
 }
 
@@ -219,7 +219,7 @@ TEST(Accumulator, LostRankFailsUnfinishedChunksAndLaterOps) {
   Fixture f(3);
   PendingContribution p0;
   f.offer(f.header(0, 5, 0, 8, 0, 32), p0);
-  f.job->leave(f.members[2].get(), Status(ErrorCode::kPeerLost, "connection reset"), false);
+  f.job->leave(f.members[2].get(), Status(ErrorCode::kPeerLost, "connection reset"), Departure::kLost);
   for (uint32_t r : {0u, 1u}) {
     ASSERT_EQ(f.members[r]->errors.size(), 1u);
     EXPECT_EQ(f.members[r]->errors[0].error().code(), wire::PEER_LOST);
@@ -239,7 +239,7 @@ TEST(Accumulator, GoodbyeFailsOnlyWhatStillNeedsTheRank) {
   auto h1 = f.header(1, 0, 0, 8, 0, 32);
   auto a1 = f.offer(h1, p1);
   f.deliver(h1, p1, a1.dst);
-  f.job->leave(f.members[1].get(), Status(ErrorCode::kCancelled, "done"), /*goodbye=*/true);
+  f.job->leave(f.members[1].get(), Status(ErrorCode::kCancelled, "done"), Departure::kGoodbye);
   EXPECT_TRUE(f.members[0]->errors.empty());
   // A new op needing rank 1 fails at once, naming it and its reason.
   PendingContribution p0;
@@ -258,7 +258,7 @@ TEST(Accumulator, RejoinedRankIsNotSentASumFromItsPreviousStream) {
   auto h1 = f.header(1, 4, 0, 8, 0, 32);
   auto a1 = f.offer(h1, p1);
   f.deliver(h1, p1, a1.dst);
-  f.job->leave(f.members[1].get(), Status(ErrorCode::kCancelled, "restarting"), /*goodbye=*/true);
+  f.job->leave(f.members[1].get(), Status(ErrorCode::kCancelled, "restarting"), Departure::kGoodbye);
   auto rejoined = std::make_shared<RecordingMember>(1);
   ASSERT_TRUE(f.job->join(rejoined).is_ok());
   auto h0 = f.header(0, 4, 0, 8, 0, 32);
@@ -430,13 +430,13 @@ TEST(ReplicaGroups, OpFailureIsForwardedToTheOtherReplicas) {
   Pool pool(100);
   pool.contribute(0);
   // Rank 1 is lost before contributing: group 0 fails the op and tells groups 1 and 2.
-  pool.jobs[0]->leave(pool.members[1].get(), Status(ErrorCode::kPeerLost, "killed"), false);
+  pool.jobs[0]->leave(pool.members[1].get(), Status(ErrorCode::kPeerLost, "killed"), Departure::kLost);
   size_t forwarded = 0;
   for (auto& [group, message] : pool.meshes[0]->controls) {
-    ASSERT_TRUE(message.has_peer_error());
-    EXPECT_TRUE(message.peer_error().error().has_op());
-    EXPECT_NE(message.peer_error().error().message().find("rank 1"), std::string::npos);
-    pool.jobs[group]->on_peer_error(message.peer_error().error());
+    ASSERT_TRUE(message.has_replica_error());
+    EXPECT_TRUE(message.replica_error().error().has_op());
+    EXPECT_NE(message.replica_error().error().message().find("rank 1"), std::string::npos);
+    pool.jobs[group]->on_replica_error(message.replica_error().error());
     ++forwarded;
   }
   EXPECT_EQ(forwarded, 2u);

@@ -1,28 +1,18 @@
 // The state of one job on one reducer: its members (one stream per rank),
-// the chunks being summed, and the failures it has told its members about.
-//
-// Terms: a chunk (op, chunk) is summed over the job's `world_size` ranks. The
-// first rank whose header arrives makes its slab the accumulator (its
-// payload lands there, no copy); every other rank's payload lands in a
-// staging slab and is added in as soon as the accumulator holds data (it is
-// parked in `pending` while the first payload is still arriving). When every
-// rank's payload has been added, the chunk is finished: scaled for averages
-// and sent to every member, and the accumulator slab returns to the quota
-// when the last send completes.
+// the chunks being summed (chunk.h), and the failures it has told its
+// members about.
 //
 // Replica groups: the job's workers are split into groups, and this reducer
 // serves one of them. Its chunk sum is then a partial over the group's
-// `local_size` ranks; once complete, the replicas of this shard that have
-// workers in the job (the participants) combine their partials in the
-// butterfly of butterfly.h, chunk by chunk, and only then is the chunk
-// finished. Partials from other replicas land in slabs of the same quota; a
-// partial that arrives before this reducer has a chunk state for it waits in
-// `early_`. An op failure found here is forwarded to the other replicas.
+// `local_size` ranks, which the participants (replicas of this shard with
+// workers in the job) combine in each chunk's butterfly. Partials from other
+// replicas land in slabs of the same quota; a partial that arrives before
+// this reducer has a chunk for it waits in `early_`. An op failure found
+// here is forwarded to the other replicas.
 //
-// Locking: Job::mu_ guards the member table and the chunk map; each chunk has
-// its own mutex for the adds, so different chunks sum in parallel on
-// different I/O threads. Order: job, then chunk, then quota. No lock is held
-// across I/O: members post their sends to their own thread.
+// Locking: Job::mu_ guards the member table and the chunk map; each chunk
+// has its own lock for the adds. Order: job, then chunk, then quota. No lock
+// is held across I/O: members post their sends to their own thread.
 #pragma once
 
 #include <atomic>
@@ -43,6 +33,8 @@
 #include "tally/protocol/status.h"
 #include "tally/protocol/transport.h"
 #include "tally/reducer/butterfly.h"
+#include "tally/reducer/chunk.h"
+#include "tally/reducer/replica_mesh.h"
 #include "tally/reducer/slab_pool.h"
 
 namespace tally {
@@ -50,7 +42,7 @@ namespace tally {
 namespace wire {
 class Control;
 class Error;
-class PeerJob;
+class ReplicaJob;
 }
 
 // A job's view of one worker stream. Implementations are thread-safe: every
@@ -65,27 +57,6 @@ class JobMember {
   virtual void send_control(std::shared_ptr<const wire::Control> message) = 0;
   // A slab may be free again: retry the contribution that paused.
   virtual void wake() = 0;
-};
-
-// The other replicas of this reducer's shard, as a job uses them. Groups are
-// replica group indices. Thread-safe; no method blocks or calls back into
-// the job before returning.
-class ReplicaMesh {
- public:
-  using SendDone = std::function<void(const Status&)>;
-  virtual ~ReplicaMesh() = default;
-  // Sends a partial frame whose payload is header.length bytes of `slab` at
-  // `byte_offset`; `slab` is held until `done`, which runs once, later, on
-  // some I/O thread (also when the replica is lost or `deadline` passes
-  // before it is reachable).
-  virtual void send_partial(uint32_t group, const FrameHeader& header, std::shared_ptr<Slab> slab,
-                            size_t byte_offset, std::chrono::steady_clock::time_point deadline,
-                            SendDone done) = 0;
-  virtual void send_control(uint32_t group, std::shared_ptr<const wire::Control> message) = 0;
-  // Why that replica cannot be used now (it was lost and is not back).
-  virtual std::optional<Status> lost(uint32_t group) const = 0;
-  // "replica (shard 1, group 2) at host:port", for messages.
-  virtual std::string describe(uint32_t group) const = 0;
 };
 
 struct JobSettings {
@@ -105,8 +76,6 @@ struct JobSettings {
   std::map<uint32_t, std::string> history;
 };
 
-struct ChunkState;
-
 // What a replica's stream keeps between a partial's header and its payload.
 struct PendingPartial {
   std::shared_ptr<Slab> slab;
@@ -115,7 +84,7 @@ struct PendingPartial {
 
 // What a member keeps between a contribution's header and its payload.
 struct PendingContribution {
-  std::shared_ptr<ChunkState> chunk;
+  std::shared_ptr<Chunk> chunk;
   std::shared_ptr<Slab> slab;
   bool owner = false;
   void reset() { *this = {}; }
@@ -131,6 +100,9 @@ struct ReducerCounters {
   std::atomic<uint64_t> chunks_finished{0};
   std::atomic<uint64_t> ops_failed{0};
 };
+
+// How a member left: with a goodbye (its stated reason) or lost.
+enum class Departure { kGoodbye, kLost };
 
 class Job : public std::enable_shared_from_this<Job> {
  public:
@@ -154,9 +126,9 @@ class Job : public std::enable_shared_from_this<Job> {
   static size_t quota_slabs(uint32_t window, size_t participants);
   // Another replica's description of the job: the same world size and group
   // sizes, or kMismatch naming both.
-  Status check_peer_settings(const wire::PeerJob& peer, const std::string& who) const;
-  // This job as a PeerJob message for the other replicas.
-  std::shared_ptr<const wire::Control> peer_job_message() const;
+  Status check_replica_settings(const wire::ReplicaJob& replica, const std::string& who) const;
+  // This job as a ReplicaJob message for the other replicas.
+  std::shared_ptr<const wire::Control> replica_job_message() const;
 
   // Adds a member for its rank. Errors: kAlreadyExists (rank taken),
   // kUnavailable (the job has failed since a rank was lost).
@@ -166,7 +138,7 @@ class Job : public std::enable_shared_from_this<Job> {
   // remain (like an aborted NCCL communicator). A member that said goodbye
   // (`why` is then its stated reason) only fails the chunks still waiting
   // for it, and later ops until its rank joins again.
-  void leave(const JobMember* member, const Status& why, bool goodbye);
+  void leave(const JobMember* member, const Status& why, Departure how);
 
   // A contribution's header from `member`: where its payload goes. Fills
   // `pending` on kReceive; kPause after registering the member's wake-up.
@@ -180,7 +152,7 @@ class Job : public std::enable_shared_from_this<Job> {
                                   PendingPartial& pending, std::function<void()> wake);
   void on_partial_payload(const FrameHeader& header, PendingPartial& pending);
   // Another replica failed an op (has_op) or the whole job; not forwarded.
-  void on_peer_error(const wire::Error& error);
+  void on_replica_error(const wire::Error& error);
   // The job has ended on the replica of `group`: every op that still needs
   // a partial from it fails with `why`, now or when it gets there.
   void on_replica_left(uint32_t group, const Status& why);
@@ -203,26 +175,21 @@ class Job : public std::enable_shared_from_this<Job> {
 
  private:
   using ChunkKey = std::pair<uint64_t, uint32_t>;  // (op, chunk)
+  // Whether an op failure found here is told to the other replicas.
+  enum class Forward { kYes, kNo };
 
-  enum class Progress { kWaiting, kDone, kFailed };
-
-  // Fails `op` for every member, and for the other replicas when `forward`;
-  // mu_ held.
+  // Fails `op` for every member (and the other replicas); mu_ held.
   void fail_op_locked(uint64_t op, const Status& status, const std::vector<uint32_t>& ranks,
-                      bool forward = true);
-  void finish(const std::shared_ptr<ChunkState>& chunk);
-  // Runs the chunk's butterfly as far as it can go; chunk mu held, never
-  // the job's. Sets `why` on kFailed.
-  Progress advance_locked(const std::shared_ptr<ChunkState>& chunk, Status& why);
-  // Acts on advance_locked's answer; no lock held.
-  void settle(const std::shared_ptr<ChunkState>& chunk, Progress progress, const Status& why);
-  void on_partial_sent(const std::shared_ptr<ChunkState>& chunk, const Status& status);
-  // Files a received partial under its butterfly step; chunk mu held.
-  Status place_locked(ChunkState& chunk, uint32_t from_group, const FrameHeader& header,
-                      std::shared_ptr<Slab> slab);
-  // The ranks of this group that have not contributed to `chunk`, and a
-  // note on group members that never joined; chunk mu held.
-  std::vector<uint32_t> missing_locked(const ChunkState& chunk, std::string* note) const;
+                      Forward forward = Forward::kYes);
+  // Fails every op in flight here; mu_ held.
+  void fail_all_ops_locked(const Status& status, const std::vector<uint32_t>& ranks,
+                           Forward forward);
+  void finish(const std::shared_ptr<Chunk>& chunk);
+  // Acts on a chunk's progress; no lock held.
+  void settle(const std::shared_ptr<Chunk>& chunk, Chunk::Progress progress, const Status& why);
+  // The ranks of this group missing from `seen`, and a note on group
+  // members that never joined; mu_ held.
+  std::vector<uint32_t> missing_locked(const std::vector<bool>& seen, std::string* note) const;
   std::string replica_name() const;
   std::optional<Status> left_group(uint32_t group) const;
   std::vector<std::shared_ptr<JobMember>> members_locked() const;
@@ -244,6 +211,7 @@ class Job : public std::enable_shared_from_this<Job> {
   std::vector<uint32_t> participants_;
   uint32_t my_index_ = 0;  // in participants_
   uint32_t local_size_ = 0;
+  ButterflyContext butterfly_;
 
   mutable std::mutex mu_;
   std::vector<std::shared_ptr<JobMember>> members_;  // by rank
@@ -251,7 +219,7 @@ class Job : public std::enable_shared_from_this<Job> {
   Clock::time_point memberless_since_;
   bool retired_ = false;
   std::string retired_why_;
-  std::optional<Status> lost_;                       // why the job failed for good
+  std::optional<Status> lost_;  // why the job failed for good
   std::vector<uint32_t> lost_ranks_;
   // Groups whose replica has ended the job, and why. Its own (leaf) lock, so
   // the butterfly can read it under a chunk's lock.
@@ -259,8 +227,8 @@ class Job : public std::enable_shared_from_this<Job> {
   std::map<uint32_t, Status> left_groups_;
   // Partials for chunks that have no state here yet (no local contribution).
   std::map<ChunkKey, std::vector<EarlyPartial>> early_;
-  std::map<uint32_t, std::string> departed_;         // ranks that said goodbye, and why
-  std::map<ChunkKey, std::shared_ptr<ChunkState>> chunks_;
+  std::map<uint32_t, std::string> departed_;  // ranks that said goodbye, and why
+  std::map<ChunkKey, std::shared_ptr<Chunk>> chunks_;
   // Ops already failed here, with the error every member was sent, so a
   // late contribution is answered with the same error instead of summed.
   std::unordered_map<uint64_t, std::shared_ptr<const wire::Control>> failed_ops_;

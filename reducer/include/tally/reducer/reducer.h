@@ -26,7 +26,7 @@ struct ReducerOptions {
   // reducer takes the other replicas of its shard; or "@PATH", a file
   // holding that list, read when the replicas are first dialled (for
   // launchers that learn the ports only after start-up).
-  std::string peers;
+  std::string pool;
   size_t io_threads = 2;
   // All chunk memory, mapped at start-up and never grown.
   size_t memory_budget_bytes = 512u << 20;
@@ -77,9 +77,8 @@ class Reducer {
   // and joins the I/O threads.
   void wait();
 
-  struct Impl;
-
  private:
+  struct Impl;
   explicit Reducer(std::shared_ptr<Impl> impl);
   std::shared_ptr<Impl> impl_;
 };

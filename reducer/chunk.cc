@@ -1,0 +1,219 @@
+#include "tally/reducer/chunk.h"
+
+#include <cstring>
+
+#include "tally/reducer/kernels.h"
+
+namespace tally {
+
+std::string chunk_shape(const FrameHeader& h) {
+  return "count=" + std::to_string(h.count) + " " + std::string(dtype_name(h.dtype)) + " " +
+         std::string(redop_name(h.redop)) + " chunk@" + std::to_string(h.offset) + "+" +
+         std::to_string(h.length);
+}
+
+Chunk::Chunk(const FrameHeader& first, Clock::time_point created, Clock::time_point deadline,
+             uint32_t world_size, std::vector<ButterflyStep> steps)
+    : meta_(first),
+      created_(created),
+      deadline_(deadline),
+      steps_(std::move(steps)),
+      seen_(world_size, false),
+      contributors_(world_size, nullptr),
+      arrived_(steps_.size()) {}
+
+bool Chunk::seen(uint32_t rank) const {
+  std::lock_guard lock(mu_);
+  return seen_[rank];
+}
+
+bool Chunk::accept(uint32_t rank, const JobMember* member, std::shared_ptr<Slab> slab) {
+  std::lock_guard lock(mu_);
+  seen_[rank] = true;
+  contributors_[rank] = member;
+  if (accumulator_) return false;
+  accumulator_ = std::move(slab);
+  return true;
+}
+
+Chunk::Progress Chunk::add(bool owner, std::shared_ptr<Slab> slab, uint32_t local_size,
+                           const ButterflyContext& context, Status& why) {
+  std::lock_guard lock(mu_);
+  if (failed_) return Progress::kWaiting;
+  const DType dtype = meta_.dtype;
+  const size_t nbytes = meta_.length;
+  if (owner) {
+    accumulator_ready_ = true;
+    for (auto& p : pending_) reduce_into(dtype, accumulator_->data(), p->data(), nbytes);
+    pending_.clear();
+  } else if (accumulator_ready_) {
+    reduce_into(dtype, accumulator_->data(), slab->data(), nbytes);
+  } else {
+    pending_.push_back(std::move(slab));
+  }
+  slab.reset();
+  added_++;
+  if (added_ < local_size) return Progress::kWaiting;
+  TALLY_CHECK(accumulator_ready_ && pending_.empty());
+  if (steps_.empty()) return Progress::kDone;
+  local_done_ = true;
+  return advance_locked(context, why);
+}
+
+Status Chunk::place(uint32_t from_group, const FrameHeader& header, std::shared_ptr<Slab> slab,
+                    const ButterflyContext& context) {
+  std::lock_guard lock(mu_);
+  return place_locked(from_group, header, std::move(slab), context);
+}
+
+Status Chunk::place_locked(uint32_t from_group, const FrameHeader& h, std::shared_ptr<Slab> slab,
+                           const ButterflyContext& context) {
+  const FrameHeader& m = meta_;
+  const size_t esize = dtype_size(m.dtype);
+  const std::string who = context.mesh->describe(from_group);
+  auto bad = [&](const std::string& why) {
+    return Status(ErrorCode::kMismatch, "partial of op " + std::to_string(h.op) + " chunk " +
+                                            std::to_string(h.chunk) + " from " + who + " " + why);
+  };
+  if (h.count != m.count || h.dtype != m.dtype || h.redop != m.redop) {
+    return bad("disagrees with this group's contributions: it has " + chunk_shape(h) + ", here " +
+               chunk_shape(m));
+  }
+  for (size_t i = 0; i < steps_.size(); ++i) {
+    const ButterflyStep& s = steps_[i];
+    if (context.participants[s.partner] != from_group || s.tag != h.rank || s.recv.empty()) continue;
+    if (h.offset != m.offset + s.recv.begin * esize || h.length != s.recv.size() * esize) {
+      return bad("covers bytes [" + std::to_string(h.offset) + ", +" + std::to_string(h.length) +
+                 "), the butterfly expects [" + std::to_string(m.offset + s.recv.begin * esize) +
+                 ", +" + std::to_string(s.recv.size() * esize) +
+                 ") (do the replicas' group sizes agree?)");
+    }
+    if (arrived_[i] || i < step_) return bad("arrived twice");
+    arrived_[i] = std::move(slab);
+    return Status::ok();
+  }
+  return bad("has tag " + std::to_string(h.rank) +
+             ", which this replica's butterfly does not expect from it");
+}
+
+Chunk::Progress Chunk::on_partial(uint32_t from_group, const FrameHeader& header,
+                                  std::shared_ptr<Slab> slab, const ButterflyContext& context,
+                                  Status& why) {
+  std::lock_guard lock(mu_);
+  if (failed_) return Progress::kWaiting;
+  why = place_locked(from_group, header, std::move(slab), context);
+  if (!why.is_ok()) return Progress::kFailed;
+  return local_done_ ? advance_locked(context, why) : Progress::kWaiting;
+}
+
+Chunk::Progress Chunk::on_sent(const Status& status, const ButterflyContext& context, Status& why) {
+  std::lock_guard lock(mu_);
+  sends_pending_--;
+  if (failed_) return Progress::kWaiting;
+  if (!status.is_ok()) {
+    why = status;
+    return Progress::kFailed;
+  }
+  return local_done_ ? advance_locked(context, why) : Progress::kWaiting;
+}
+
+Chunk::Progress Chunk::on_replica_left(uint32_t group, const ButterflyContext& context,
+                                       const Status& why, Status& failed) {
+  std::lock_guard lock(mu_);
+  if (failed_) return Progress::kWaiting;
+  for (size_t i = step_; i < steps_.size(); ++i) {
+    const ButterflyStep& s = steps_[i];
+    if (context.participants[s.partner] == group && !s.recv.empty() && !arrived_[i]) {
+      failed = why;
+      return Progress::kFailed;
+    }
+  }
+  return Progress::kWaiting;
+}
+
+Chunk::Progress Chunk::advance_locked(const ButterflyContext& context, Status& why) {
+  if (failed_ || done_reported_) return Progress::kWaiting;
+  const size_t esize = dtype_size(meta_.dtype);
+  while (step_ < steps_.size()) {
+    const ButterflyStep& s = steps_[step_];
+    const uint32_t group = context.participants[s.partner];
+    if (!step_sent_) {
+      step_sent_ = true;
+      if (!s.send.empty()) {
+        if (auto lost = context.mesh->lost(group)) {
+          why = *lost;
+          return Progress::kFailed;
+        }
+        FrameHeader h = meta_;
+        h.kind = FrameKind::kPartial;
+        h.rank = s.tag;
+        h.offset = meta_.offset + s.send.begin * esize;
+        h.length = s.send.size() * esize;
+        sends_pending_++;
+        context.replica_bytes_sent.fetch_add(h.length, std::memory_order_relaxed);
+        context.mesh->send_partial(group, h, accumulator_, s.send.begin * esize, deadline_,
+                                   context.on_sent(shared_from_this()));
+      }
+    }
+    if (!s.recv.empty()) {
+      if (!arrived_[step_]) {
+        if (auto lost = context.mesh->lost(group)) {
+          why = *lost;
+          return Progress::kFailed;
+        }
+        if (auto left = context.left(group)) {
+          why = *left;
+          return Progress::kFailed;
+        }
+        return Progress::kWaiting;
+      }
+      // Never write into the accumulator while a send still reads it.
+      if (sends_pending_ > 0) return Progress::kWaiting;
+      std::byte* dst = accumulator_->data() + s.recv.begin * esize;
+      const std::byte* src = arrived_[step_]->data();
+      if (s.apply == ButterflyStep::Apply::kAdd) {
+        reduce_into(meta_.dtype, dst, src, s.recv.size() * esize);
+      } else {
+        std::memcpy(dst, src, s.recv.size() * esize);
+      }
+      arrived_[step_].reset();
+    }
+    step_++;
+    step_sent_ = false;
+  }
+  if (sends_pending_ > 0) return Progress::kWaiting;
+  done_reported_ = true;
+  return Progress::kDone;
+}
+
+void Chunk::fail() {
+  std::lock_guard lock(mu_);
+  failed_ = true;
+  accumulator_.reset();
+  pending_.clear();
+  arrived_.clear();
+}
+
+Chunk::Waiting Chunk::waiting(const std::vector<uint32_t>& participants) const {
+  std::lock_guard lock(mu_);
+  Waiting out;
+  out.local_done = local_done_;
+  if (local_done_) {
+    if (step_ < steps_.size()) out.replica = participants[steps_[step_].partner];
+  } else {
+    out.seen = seen_;
+  }
+  return out;
+}
+
+std::shared_ptr<Slab> Chunk::take_result() {
+  std::lock_guard lock(mu_);
+  return std::move(accumulator_);
+}
+
+bool Chunk::contributed(uint32_t rank, const JobMember* member) const {
+  std::lock_guard lock(mu_);
+  return contributors_[rank] == member;
+}
+
+}  // namespace tally

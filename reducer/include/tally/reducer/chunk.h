@@ -1,0 +1,145 @@
+// One chunk (op, chunk) of a job being summed on this reducer: the adds of
+// its ranks' payloads and, with replica groups, its butterfly between the
+// replicas of the shard.
+//
+// Terms: the first rank whose header arrives makes its slab the
+// accumulator (its payload lands there, no copy); every other rank's
+// payload lands in a staging slab and is added in as soon as the
+// accumulator holds data (it is parked in `pending_` while the first
+// payload is still arriving). Once every rank of this reducer's group has
+// been added, the chunk holds the group's partial sum. With one participant
+// it is then finished. Otherwise the participants (replicas of this shard
+// with workers in the job) combine their partials in the butterfly of
+// butterfly.h: step i sends a range of the accumulator to a partner and
+// adds (or copies) the range the partner sends back; the chunk is finished
+// when every step is done and every send has completed.
+//
+// Locking: each chunk has its own mutex, taken inside every method, so
+// different chunks sum in parallel on different I/O threads. It is a leaf
+// under the job's lock (job, then chunk, then quota). Which ranks have been
+// accepted (seen) changes only under the job's lock, so the job may read it
+// and then accept without holding the chunk's lock in between.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tally/protocol/frame.h"
+#include "tally/protocol/status.h"
+#include "tally/reducer/butterfly.h"
+#include "tally/reducer/replica_mesh.h"
+#include "tally/reducer/slab_pool.h"
+
+namespace tally {
+
+class Chunk;
+class JobMember;
+
+// What a chunk's butterfly needs from its job. Lives as long as the job.
+struct ButterflyContext {
+  // Groups with workers in the job, in order; steps name partners by index.
+  const std::vector<uint32_t>& participants;
+  ReplicaMesh* mesh = nullptr;  // null with one participant
+  std::atomic<uint64_t>& replica_bytes_sent;
+  // Why the replica of `group` has ended the job, if it has.
+  std::function<std::optional<Status>(uint32_t group)> left;
+  // The completion of one partial send of `chunk`.
+  std::function<ReplicaMesh::SendDone(std::shared_ptr<Chunk> chunk)> on_sent;
+};
+
+// "count=N float32 sum chunk@OFFSET+LENGTH", for mismatch messages.
+std::string chunk_shape(const FrameHeader& header);
+
+class Chunk : public std::enable_shared_from_this<Chunk> {
+ public:
+  using Clock = std::chrono::steady_clock;
+  enum class Progress { kWaiting, kDone, kFailed };
+
+  // `first` is the first rank's header: what every other rank must match.
+  // `steps` is this replica's butterfly schedule (empty with one group).
+  Chunk(const FrameHeader& first, Clock::time_point created, Clock::time_point deadline,
+        uint32_t world_size, std::vector<ButterflyStep> steps);
+
+  uint64_t op() const { return meta_.op; }
+  uint32_t index() const { return meta_.chunk; }
+  const FrameHeader& meta() const { return meta_; }
+  Clock::time_point created() const { return created_; }
+
+  // Whether `rank`'s header has been accepted.
+  bool seen(uint32_t rank) const;
+  // Accepts `rank`'s header; its payload goes to `slab`. Returns whether
+  // `slab` became the accumulator. `member` is compared, never dereferenced.
+  bool accept(uint32_t rank, const JobMember* member, std::shared_ptr<Slab> slab);
+  // The payload accepted into `slab` has arrived (`owner`: it is the
+  // accumulator). kDone when the chunk is finished, kFailed with `why`.
+  Progress add(bool owner, std::shared_ptr<Slab> slab, uint32_t local_size,
+               const ButterflyContext& context, Status& why);
+  // Files a partial from the replica of `from_group` under its butterfly
+  // step. Errors: kMismatch naming the replica.
+  Status place(uint32_t from_group, const FrameHeader& header, std::shared_ptr<Slab> slab,
+               const ButterflyContext& context);
+  // A partial arrived for this chunk: place it and run the butterfly on.
+  Progress on_partial(uint32_t from_group, const FrameHeader& header, std::shared_ptr<Slab> slab,
+                      const ButterflyContext& context, Status& why);
+  // A partial send of this chunk completed with `status`.
+  Progress on_sent(const Status& status, const ButterflyContext& context, Status& why);
+  // The replica of `group` has ended the job: kFailed when a step still
+  // waits for its partial, which will never come.
+  Progress on_replica_left(uint32_t group, const ButterflyContext& context, const Status& why,
+                           Status& failed);
+  // Gives every buffer back; later calls do nothing.
+  void fail();
+
+  // What a chunk past its deadline is waiting for: a replica's partial
+  // (`replica`, once the group's sum is complete) or ranks of this group
+  // (`seen` tells which contributed).
+  struct Waiting {
+    std::optional<uint32_t> replica;
+    bool local_done = false;
+    std::vector<bool> seen;
+  };
+  Waiting waiting(const std::vector<uint32_t>& participants) const;
+
+  // After kDone, once the chunk has left its job: the summed buffer, and
+  // whether `member` contributed `rank` to it.
+  std::shared_ptr<Slab> take_result();
+  bool contributed(uint32_t rank, const JobMember* member) const;
+
+ private:
+  // Runs the butterfly as far as it can go; mu_ held.
+  Progress advance_locked(const ButterflyContext& context, Status& why);
+  Status place_locked(uint32_t from_group, const FrameHeader& header, std::shared_ptr<Slab> slab,
+                      const ButterflyContext& context);
+
+  const FrameHeader meta_;
+  const Clock::time_point created_;
+  const Clock::time_point deadline_;
+  const std::vector<ButterflyStep> steps_;
+
+  mutable std::mutex mu_;
+  std::shared_ptr<Slab> accumulator_;
+  bool accumulator_ready_ = false;
+  std::vector<std::shared_ptr<Slab>> pending_;
+  std::vector<bool> seen_;  // by rank: header accepted
+  // By rank: the stream that contributed, so a rank that rejoined on a new
+  // stream is not sent a sum it had no part in.
+  std::vector<const JobMember*> contributors_;
+  uint32_t added_ = 0;  // payloads summed (or parked)
+  bool failed_ = false;
+
+  std::vector<std::shared_ptr<Slab>> arrived_;  // by step: the partial received for it
+  size_t step_ = 0;                             // the step being run
+  bool step_sent_ = false;                      // its send has been posted
+  uint32_t sends_pending_ = 0;
+  bool local_done_ = false;  // every rank of this group has been added
+  bool done_reported_ = false;
+};
+
+}  // namespace tally

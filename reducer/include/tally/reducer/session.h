@@ -1,0 +1,34 @@
+// What the streams a reducer accepts share: the context every session is
+// given, and how a session refuses its peer.
+#pragma once
+
+#include <atomic>
+#include <memory>
+
+#include "tally/protocol/status.h"
+#include "tally/protocol/transport.h"
+#include "tally/reducer/reducer.h"
+
+namespace tally {
+
+class JobTable;
+class Replicas;
+
+// Given by the daemon to every session it starts; outlives none of them
+// (each session holds it).
+struct SessionContext {
+  ReducerOptions options;
+  std::shared_ptr<JobTable> jobs;
+  std::shared_ptr<Replicas> replicas;  // null with one group
+  // Set once the I/O threads are joined: late callbacks (a slab freed while
+  // the contexts are destroyed) must not post to them any more.
+  std::atomic<bool> stopped{false};
+};
+
+// Sends `why` as a fatal Error, then closes `conn` once that is written, so
+// the peer reads why. On the connection's executor.
+void close_with_error(const std::shared_ptr<Connection>& conn, const Status& why);
+// Logs the refusal, then close_with_error.
+void reject_stream(const std::shared_ptr<Connection>& conn, const Status& why);
+
+}  // namespace tally
