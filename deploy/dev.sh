@@ -3,13 +3,14 @@
 #   deploy/dev.sh bench [tally-bench flags]   set up, build, run a local pool + 4 workers, print the table
 #   deploy/dev.sh test                        set up, build, run every test (plain, ASan+UBSan, TSan)
 #   deploy/dev.sh setup | build               the steps on their own
+#   deploy/dev.sh format | check-format       clang-format the tree in place, or only check it
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PACKAGES=(
   build-essential cmake ninja-build pkg-config git
   libboost-dev protobuf-compiler libprotobuf-dev libspdlog-dev libfmt-dev libcli11-dev
-  libgtest-dev libgmock-dev
+  libgtest-dev libgmock-dev clang-format
   libfabric-dev libfabric-bin iproute2
 )
 
@@ -44,11 +45,16 @@ run_tests() {
   ctest --test-dir "$1" --output-on-failure --no-tests=error -j"$(nproc)"
 }
 
+# The C++ files git tracks (generated code is never tracked).
+cxx_files() { git ls-files -z '*.cc' '*.h'; }
+
 cmd=${1:-}
 [ $# -gt 0 ] && shift
 case "$cmd" in
   setup) setup ;;
   build) setup; build build ;;
+  format) cxx_files | xargs -0 clang-format -i ;;
+  check-format) cxx_files | xargs -0 clang-format --dry-run -Werror ;;
   bench)
     setup
     BUILD_TARGETS="tally-bench tally-reducer" build build >&2
