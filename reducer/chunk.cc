@@ -27,22 +27,22 @@ bool Chunk::seen(uint32_t rank) const {
   return seen_[rank];
 }
 
-bool Chunk::accept(uint32_t rank, const JobMember* member, std::shared_ptr<Slab> slab) {
+SlabRole Chunk::accept(uint32_t rank, const JobMember* member, std::shared_ptr<Slab> slab) {
   std::lock_guard lock(mu_);
   seen_[rank] = true;
   contributors_[rank] = member;
-  if (accumulator_) return false;
+  if (accumulator_) return SlabRole::kStaging;
   accumulator_ = std::move(slab);
-  return true;
+  return SlabRole::kAccumulator;
 }
 
-Chunk::Progress Chunk::add(bool owner, std::shared_ptr<Slab> slab, uint32_t local_size,
+Chunk::Progress Chunk::add(SlabRole role, std::shared_ptr<Slab> slab, uint32_t local_size,
                            const ButterflyContext& context, Status& why) {
   std::lock_guard lock(mu_);
   if (failed_) return Progress::kWaiting;
   const DType dtype = meta_.dtype;
   const size_t nbytes = meta_.length;
-  if (owner) {
+  if (role == SlabRole::kAccumulator) {
     accumulator_ready_ = true;
     for (auto& p : pending_) reduce_into(dtype, accumulator_->data(), p->data(), nbytes);
     pending_.clear();

@@ -284,7 +284,7 @@ PayloadAction Job::on_contribution_header(const std::shared_ptr<JobMember>& memb
     if (auto m = weak.lock()) m->wake();
   });
   if (!slab) return PayloadAction::pause();
-  pending.owner = chunk->accept(h.rank, member.get(), slab);
+  pending.role = chunk->accept(h.rank, member.get(), slab);
   pending.chunk = std::move(chunk);
   pending.slab = std::move(slab);
   return PayloadAction::receive(pending.slab->first(h.length));
@@ -294,10 +294,10 @@ void Job::on_contribution_payload(const FrameHeader& h, PendingContribution& pen
   counters_.bytes_received.fetch_add(h.length, std::memory_order_relaxed);
   std::shared_ptr<Chunk> chunk = std::move(pending.chunk);
   std::shared_ptr<Slab> slab = std::move(pending.slab);
-  const bool owner = pending.owner;
+  const SlabRole role = pending.role;
   pending.reset();
   Status why;
-  const Chunk::Progress progress = chunk->add(owner, std::move(slab), local_size_, butterfly_, why);
+  const Chunk::Progress progress = chunk->add(role, std::move(slab), local_size_, butterfly_, why);
   settle(chunk, progress, why);
 }
 

@@ -121,8 +121,8 @@ TEST(Accumulator, EveryPayloadOrderGivesTheExactSum) {
       ASSERT_EQ(action.dst.size(), count * 4);
       dst[r] = action.dst;
     }
-    EXPECT_TRUE(pending[0].owner);
-    for (uint32_t r = 1; r < world; ++r) EXPECT_FALSE(pending[r].owner);
+    EXPECT_EQ(pending[0].role, SlabRole::kAccumulator);
+    for (uint32_t r = 1; r < world; ++r) EXPECT_EQ(pending[r].role, SlabRole::kStaging);
     for (uint32_t r : order) f.deliver(headers[r], pending[r], dst[r]);
     for (auto& m : f.members) {
       ASSERT_EQ(m->results.size(), 1u);

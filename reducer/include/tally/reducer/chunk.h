@@ -54,6 +54,10 @@ struct ButterflyContext {
   std::function<ReplicaMesh::SendDone(std::shared_ptr<Chunk> chunk)> on_sent;
 };
 
+// What a contribution's slab is to its chunk: the accumulator (the first
+// rank's payload lands there) or a staging slab added into it.
+enum class SlabRole { kStaging, kAccumulator };
+
 // "count=N float32 sum chunk@OFFSET+LENGTH", for mismatch messages.
 std::string chunk_shape(const FrameHeader& header);
 
@@ -74,12 +78,12 @@ class Chunk : public std::enable_shared_from_this<Chunk> {
 
   // Whether `rank`'s header has been accepted.
   bool seen(uint32_t rank) const;
-  // Accepts `rank`'s header; its payload goes to `slab`. Returns whether
-  // `slab` became the accumulator. `member` is compared, never dereferenced.
-  bool accept(uint32_t rank, const JobMember* member, std::shared_ptr<Slab> slab);
-  // The payload accepted into `slab` has arrived (`owner`: it is the
-  // accumulator). kDone when the chunk is finished, kFailed with `why`.
-  Progress add(bool owner, std::shared_ptr<Slab> slab, uint32_t local_size,
+  // Accepts `rank`'s header; its payload goes to `slab`, whose role this
+  // returns. `member` is compared, never dereferenced.
+  SlabRole accept(uint32_t rank, const JobMember* member, std::shared_ptr<Slab> slab);
+  // The payload accepted into `slab` has arrived. kDone when the chunk is
+  // finished, kFailed with `why`.
+  Progress add(SlabRole role, std::shared_ptr<Slab> slab, uint32_t local_size,
                const ButterflyContext& context, Status& why);
   // Files a partial from the replica of `from_group` under its butterfly
   // step. Errors: kMismatch naming the replica.

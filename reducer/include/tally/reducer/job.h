@@ -86,7 +86,7 @@ struct PendingPartial {
 struct PendingContribution {
   std::shared_ptr<Chunk> chunk;
   std::shared_ptr<Slab> slab;
-  bool owner = false;
+  SlabRole role = SlabRole::kStaging;
   void reset() { *this = {}; }
 };
 
