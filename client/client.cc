@@ -23,6 +23,7 @@
 
 #include "tally.pb.h"
 #include "tally/protocol/chunking.h"
+#include "tally/protocol/connection_factory.h"
 #include "tally/protocol/control.h"
 #include "tally/protocol/frame.h"
 #include "tally/protocol/groups.h"

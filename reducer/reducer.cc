@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "tally.pb.h"
+#include "tally/protocol/connection_factory.h"
 #include "tally/protocol/control.h"
 #include "tally/reducer/job.h"
 #include "tally/reducer/slab_pool.h"
