@@ -7,6 +7,7 @@
 namespace tally::fabric {
 namespace {
 
+// The libfabric API this code is written against (FI_CONTEXT2, fi_trywait).
 constexpr uint32_t kFiVersion = FI_VERSION(1, 9);
 
 // What we can do, so the provider tells us what it requires of us.

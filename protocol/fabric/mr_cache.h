@@ -17,7 +17,8 @@ enum class MrKeys { kFromProvider, kOurs };
 
 // Registrations by address range, for providers that want local memory
 // registered (FI_MR_LOCAL) or when forced. A registration covers whole
-// pages and is reused for any buffer inside it.
+// pages and is reused for any buffer inside it. Owned by its endpoint and
+// used only on the endpoint's I/O thread.
 class MrCache {
  public:
   MrCache(fid_domain* domain, MrKeys keys) : domain_(domain), keys_(keys) {}

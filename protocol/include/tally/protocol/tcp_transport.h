@@ -16,7 +16,9 @@
 
 namespace tally {
 
-// Wraps a connected socket. The connection lives on the socket's executor.
+// Wraps a connected socket; the caller owns the connection (shared). It
+// lives on the socket's executor (Connection's threading rules).
+// Non-blocking; never fails: a dead socket shows as on_closed after start().
 std::shared_ptr<Connection> make_tcp_connection(boost::asio::ip::tcp::socket socket,
                                                 const ConnectionOptions& options);
 
