@@ -27,12 +27,15 @@
 #include <fstream>
 #include <thread>
 
+#include "reducer_traffic.h"
 #include "tally/bench/local_pool.h"
 #include "tally/bench/pattern.h"
 #include "tally/bench/process.h"
 #include "tally/client/client.h"
 #include "tally/protocol/chunking.h"
 #include "tally/protocol/groups.h"
+#include "tally/protocol/pool.h"
+#include "tally/reducer/butterfly.h"
 
 namespace tally::bench {
 namespace {
@@ -50,72 +53,9 @@ struct SweepOptions {
   std::vector<std::string> reducer_stats;  // counters files, by reducer index ((group, shard) order)
 };
 
-// One reducer's counters (payload bytes), as its --stats-file has them.
-struct Counters {
-  double worker_in = 0, worker_out = 0, replica_in = 0, replica_out = 0;
-};
-
 // How long rank 0 waits, with every rank at a barrier, before reading the
 // counters: the reducers rewrite their files every 100 ms.
 constexpr auto kStatsSettle = std::chrono::milliseconds(300);
-
-Counters read_counters(const std::string& path) {
-  Counters c;
-  std::ifstream in(path);
-  std::string name;
-  double value = 0;
-  while (in >> name) {
-    if (name == "#") {
-      std::string rest;
-      std::getline(in, rest);
-      continue;
-    }
-    if (!(in >> value)) break;
-    if (name == "tally_worker_bytes_received_total") c.worker_in = value;
-    if (name == "tally_worker_bytes_sent_total") c.worker_out = value;
-    if (name == "tally_replica_bytes_received_total") c.replica_in = value;
-    if (name == "tally_replica_bytes_sent_total") c.replica_out = value;
-  }
-  return c;
-}
-
-// Bytes per op the design predicts for reducer (shard s, group g), for a
-// tensor of `bytes` (docs/architecture.md, Traffic): from and to workers
-// w_g x (shard s's bytes); to and from the other replicas, per chunk of E
-// elements and L bytes, 2(P-1)/P x L (E >= P) or log2(P) x L (E < P) for a
-// core replica, plus L for a core replica paired with an extra, and L for
-// an extra.
-struct Expected {
-  double worker = 0, replica_in = 0, replica_out = 0;
-};
-
-Expected expected_bytes(const ChunkPlan& plan, size_t esize, uint32_t shard, uint32_t group,
-                        const std::vector<uint32_t>& sizes) {
-  Expected e;
-  uint32_t n = 0, index = 0;
-  for (uint32_t g = 0; g < sizes.size(); ++g) {
-    if (sizes[g] == 0) continue;
-    if (g == group) index = n;
-    ++n;
-  }
-  uint32_t p = 1, levels = 0;
-  while (p * 2 <= n) p *= 2, ++levels;
-  for (uint64_t k = shard; k < plan.chunk_count(); k += plan.shards()) {
-    const double len = static_cast<double>(plan.chunk(k).length);
-    e.worker += sizes[group] * len;
-    if (n <= 1) continue;
-    if (index >= p) {
-      e.replica_in += len;
-      e.replica_out += len;
-      continue;
-    }
-    const double core = plan.chunk(k).length / esize >= p ? 2.0 * (p - 1) / p * len : levels * len;
-    const double fold = index < n - p ? len : 0;
-    e.replica_in += core + fold;
-    e.replica_out += core + fold;
-  }
-  return e;
-}
 
 struct ReducerRow {
   uint32_t shard, group;
@@ -143,7 +83,7 @@ size_t run_check(Client& client, T* data, size_t count, DType dtype, RedOp redop
   fill_pattern(data, count, client.rank());
   status = client.allreduce(data, count, dtype, redop);
   if (!status) return count;
-  return count_wrong(data, count, client.world_size(), redop == RedOp::kAverage);
+  return count_wrong(data, count, client.world_size(), redop);
 }
 
 int run_worker(const SweepOptions& sweep) {
@@ -253,16 +193,19 @@ int run_worker(const SweepOptions& sweep) {
     if (measure && leader) {
       const ChunkPlan plan(row.bytes, esize, options->chunk_bytes, client.shards());
       const double n = sweep.iters;
-      for (size_t i = 0; i < after.size(); ++i) {
-        ReducerRow rr;
-        rr.shard = static_cast<uint32_t>(i % client.shards());
-        rr.group = static_cast<uint32_t>(i / client.shards());
-        rr.measured.worker_in = (after[i].worker_in - before[i].worker_in) / n;
-        rr.measured.worker_out = (after[i].worker_out - before[i].worker_out) / n;
-        rr.measured.replica_in = (after[i].replica_in - before[i].replica_in) / n;
-        rr.measured.replica_out = (after[i].replica_out - before[i].replica_out) / n;
-        rr.expected = expected_bytes(plan, esize, rr.shard, rr.group, group_sizes);
-        row.reducers.push_back(rr);
+      for (uint32_t g = 0; g < client.groups(); ++g) {
+        for (uint32_t s = 0; s < client.shards(); ++s) {
+          const size_t i = pool_index(g, s, client.shards());
+          ReducerRow rr;
+          rr.shard = s;
+          rr.group = g;
+          rr.measured.worker_in = (after[i].worker_in - before[i].worker_in) / n;
+          rr.measured.worker_out = (after[i].worker_out - before[i].worker_out) / n;
+          rr.measured.replica_in = (after[i].replica_in - before[i].replica_in) / n;
+          rr.measured.replica_out = (after[i].replica_out - before[i].replica_out) / n;
+          rr.expected = expected_bytes(plan, esize, s, g, group_sizes);
+          row.reducers.push_back(rr);
+        }
       }
     }
     if (row.wrong > 0) exit_code = 3;
@@ -354,6 +297,21 @@ struct Phase {
   std::string json_path;
 };
 
+// What every phase of a driver run shares: the pool, how the workers are
+// started, and the run's deadline.
+struct PhaseOptions {
+  SweepOptions sweep;
+  std::string pool;  // TALLY_POOL for the workers
+  uint32_t workers = 4;
+  uint32_t groups = 1;
+  size_t chunk_bytes = 1u << 20;
+  int64_t op_timeout_ms = 60000;
+  std::string fabric_provider;  // empty: the workers' default
+  std::string log_level = "warn";
+  LocalPool* local = nullptr;  // the pool this driver started, if any (not owned)
+  std::chrono::steady_clock::time_point deadline;
+};
+
 // Bytes each worker sends (and receives) in a sweep: every size's check,
 // warm-up and timed all-reduces.
 double bytes_per_worker(const SweepOptions& sweep) {
@@ -375,15 +333,15 @@ double children_cpu_seconds() {
   return sec(ru.ru_utime) + sec(ru.ru_stime);
 }
 
-int run_phase(const Phase& phase, const SweepOptions& sweep, const std::string& pool, uint32_t workers,
-              uint32_t groups, size_t chunk_bytes, int64_t op_timeout_ms, const std::string& fabric_provider,
-              const std::string& log_level, LocalPool* local,
-              std::chrono::steady_clock::time_point deadline) {
+int run_phase(const Phase& phase, const PhaseOptions& options) {
+  const SweepOptions& sweep = options.sweep;
+  const uint32_t workers = options.workers;
+  LocalPool* local = options.local;
   std::vector<std::string> args{"--worker", "-b", std::to_string(sweep.min_bytes), "-e",
                                 std::to_string(sweep.max_bytes), "-f", std::to_string(sweep.factor),
                                 "-w", std::to_string(sweep.warmup), "-n", std::to_string(sweep.iters),
                                 "-d", sweep.dtype, "-o", sweep.redop, "-c", sweep.check ? "1" : "0",
-                                "--log-level", log_level};
+                                "--log-level", options.log_level};
   if (!phase.json_path.empty()) {
     args.push_back("--json");
     args.push_back(phase.json_path);
@@ -411,15 +369,15 @@ int run_phase(const Phase& phase, const SweepOptions& sweep, const std::string& 
     ProcessSpec spec;
     spec.path = self_dir() + "/tally-bench";
     spec.args = args;
-    spec.env = {{"TALLY_POOL", pool},
+    spec.env = {{"TALLY_POOL", options.pool},
                 {"TALLY_JOB", phase.job},
                 {"TALLY_RANK", std::to_string(r)},
                 {"TALLY_WORLD_SIZE", std::to_string(workers)},
-                {"TALLY_GROUPS", std::to_string(groups)},
-                {"TALLY_CHUNK_BYTES", std::to_string(chunk_bytes)},
-                {"TALLY_OP_TIMEOUT_MS", std::to_string(op_timeout_ms)},
+                {"TALLY_GROUPS", std::to_string(options.groups)},
+                {"TALLY_CHUNK_BYTES", std::to_string(options.chunk_bytes)},
+                {"TALLY_OP_TIMEOUT_MS", std::to_string(options.op_timeout_ms)},
                 {"TALLY_TRANSPORT", phase.transport}};
-    if (!fabric_provider.empty()) spec.env["TALLY_FABRIC_PROVIDER"] = fabric_provider;
+    if (!options.fabric_provider.empty()) spec.env["TALLY_FABRIC_PROVIDER"] = options.fabric_provider;
     auto p = Process::spawn(spec);
     if (!p) {
       spdlog::error("{}", p.status().to_string());
@@ -443,7 +401,7 @@ int run_phase(const Phase& phase, const SweepOptions& sweep, const std::string& 
       }
     }
     if (left == 0) break;
-    if (std::chrono::steady_clock::now() > deadline) {
+    if (std::chrono::steady_clock::now() > options.deadline) {
       spdlog::error("the run passed its --timeout-s deadline; stopping the workers");
       for (auto& p : procs) p.terminate(std::chrono::milliseconds(2000));
       return 1;
@@ -554,9 +512,7 @@ int main(int argc, char** argv) {
     // reducers' default window of 8, a job needs 8 x (1 + 2F) + 2 buffers,
     // F = 2 log2(P) + (1 if G > P) partials received per chunk (P: largest
     // power of two <= G; F = 0 with one group).
-    uint32_t p = 1, levels = 0;
-    while (p * 2 <= groups) p *= 2, ++levels;
-    const size_t receives = groups > 1 ? 2 * levels + (groups > p ? 1 : 0) : 0;
+    const size_t receives = butterfly_max_receives(groups);
     const size_t per_job = 8 * (1 + 2 * receives) + 2;
     const size_t budget = std::max(memory_budget, std::max<size_t>(32, 3 * per_job) * max_chunk);
     lo.extra_args = {"--io-threads", std::to_string(io_threads), "--memory-budget",
@@ -574,7 +530,17 @@ int main(int argc, char** argv) {
     pool = local->pool_string();
   }
   if (job.empty()) job = "bench-" + std::to_string(getpid());
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
+  PhaseOptions phase_options;
+  phase_options.sweep = sweep;
+  phase_options.pool = pool;
+  phase_options.workers = workers;
+  phase_options.groups = groups;
+  phase_options.chunk_bytes = chunk_bytes;
+  phase_options.op_timeout_ms = op_timeout_ms;
+  phase_options.fabric_provider = fabric_provider;
+  phase_options.log_level = log_level;
+  phase_options.local = local.get();
+  phase_options.deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
   int result = 0;
   for (const std::string& transport : transports) {
     Phase phase;
@@ -585,8 +551,7 @@ int main(int argc, char** argv) {
       const auto dot = phase.json_path.rfind('.');
       phase.json_path.insert(dot == std::string::npos ? phase.json_path.size() : dot, "." + transport);
     }
-    const int r = run_phase(phase, sweep, pool, workers, groups, chunk_bytes, op_timeout_ms, fabric_provider,
-                            log_level, local.get(), deadline);
+    const int r = run_phase(phase, phase_options);
     if (r != 0 && result == 0) result = r;
     if (r == 1 || r == 2) break;  // a failed run, not wrong numbers: stop here
   }

@@ -23,9 +23,11 @@
 
 #include "tally.pb.h"
 #include "tally/protocol/chunking.h"
+#include "tally/protocol/connection_factory.h"
 #include "tally/protocol/control.h"
 #include "tally/protocol/frame.h"
 #include "tally/protocol/groups.h"
+#include "tally/protocol/pool.h"
 #include "tally/protocol/tcp_transport.h"
 
 namespace tally {
@@ -526,14 +528,9 @@ Result<ClientOptions> client_options_from_env() {
   };
   auto pool = get("TALLY_POOL");
   if (!pool) return Status(ErrorCode::kInvalidArgument, "TALLY_POOL is not set (host:port,... in (group, shard) order)");
-  std::string_view rest = *pool;
-  while (!rest.empty()) {
-    auto comma = rest.find(',');
-    auto item = rest.substr(0, comma);
-    if (!item.empty()) o.pool.emplace_back(item);
-    if (comma == std::string_view::npos) break;
-    rest.remove_prefix(comma + 1);
-  }
+  auto addresses = parse_pool(*pool);
+  if (!addresses) return addresses.status();
+  for (const HostPort& address : *addresses) o.pool.push_back(address.to_string());
   auto job = get("TALLY_JOB");
   if (!job) return Status(ErrorCode::kInvalidArgument, "TALLY_JOB is not set");
   o.job = *job;
@@ -625,7 +622,7 @@ Result<std::unique_ptr<Client>> Client::connect(const ClientOptions& options) {
   const uint32_t shards = static_cast<uint32_t>(options.pool.size() / options.groups);
   for (uint32_t s = 0; s < shards; ++s) {
     impl->links.push_back(std::make_shared<ShardLink>(
-        *impl, s, *parse_host_port(options.pool[size_t{impl->group} * shards + s])));
+        *impl, s, *parse_host_port(options.pool[pool_index(impl->group, s, shards)])));
   }
   impl->guard.emplace(asio::make_work_guard(impl->io));
   impl->thread = std::thread([io = &impl->io] { io->run(); });

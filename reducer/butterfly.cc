@@ -71,4 +71,13 @@ uint32_t butterfly_max_receives(uint32_t n) {
   return 2 * log2_of(p) + (n > p ? 1 : 0);
 }
 
+double butterfly_traffic(uint32_t n, uint32_t i, uint64_t elements) {
+  TALLY_CHECK(i < n);
+  if (n == 1) return 0;
+  const uint32_t p = core_size(n);
+  if (i >= p) return 1;  // an extra: its partial out, the final chunk back
+  const double core = elements >= p ? 2.0 * (p - 1) / p : static_cast<double>(log2_of(p));
+  return i < n - p ? core + 1 : core;
+}
+
 }  // namespace tally

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "tally.pb.h"
+#include "tally/protocol/connection_factory.h"
 #include "tally/protocol/control.h"
 #include "tally/reducer/job_table.h"
 #include "tally/reducer/replica_session.h"

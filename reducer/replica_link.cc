@@ -5,6 +5,7 @@
 #include <boost/asio/post.hpp>
 
 #include "tally.pb.h"
+#include "tally/protocol/connection_factory.h"
 #include "tally/protocol/control.h"
 #include "tally/protocol/fabric_transport.h"
 #include "tally/reducer/replicas.h"

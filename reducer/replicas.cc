@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "tally.pb.h"
+#include "tally/protocol/pool.h"
 #include "tally/reducer/replica_link.h"
 
 namespace tally {
@@ -19,24 +20,12 @@ Result<std::vector<HostPort>> read_pool_list(const ReducerOptions& o) {
     ss << in.rdbuf();
     text = ss.str();
   }
-  std::vector<HostPort> out;
-  std::string_view rest = text;
-  while (!rest.empty()) {
-    auto comma = rest.find_first_of(",\n");
-    auto item = rest.substr(0, comma);
-    while (!item.empty() && (item.back() == ' ' || item.back() == '\r')) item.remove_suffix(1);
-    if (!item.empty()) {
-      auto hp = parse_host_port(item);
-      if (!hp) return hp.status();
-      out.push_back(*hp);
-    }
-    if (comma == std::string_view::npos) break;
-    rest.remove_prefix(comma + 1);
-  }
+  auto out = parse_pool(text);
+  if (!out) return out.status();
   const size_t want = size_t{o.shard_count} * o.group_count;
-  if (out.size() != want) {
+  if (out->size() != want) {
     return Status(ErrorCode::kInvalidArgument,
-                  "the pool list has " + std::to_string(out.size()) + " addresses, a pool of " +
+                  "the pool list has " + std::to_string(out->size()) + " addresses, a pool of " +
                       std::to_string(o.shard_count) + " shards x " +
                       std::to_string(o.group_count) + " groups has " + std::to_string(want) +
                       " (in (group, shard) order)");
@@ -110,7 +99,7 @@ std::string Replicas::describe(uint32_t group) const {
 Result<HostPort> Replicas::address_of(uint32_t group) {
   auto pool = read_pool_list(options_);
   if (!pool) return pool.status();
-  const HostPort hp = (*pool)[size_t{group} * options_.shard_count + options_.shard];
+  const HostPort hp = (*pool)[pool_index(group, options_.shard, options_.shard_count)];
   std::lock_guard lock(mu_);
   replicas_[group].address = hp.to_string();
   return hp;

@@ -118,7 +118,7 @@ int run(tally::Client& client, tally::DType dtype, tally::RedOp redop, const Pla
     }
     const bool average = redop == tally::RedOp::kAverage;
     size_t wrong = plan.noisy ? count_noisy_wrong(data.data(), count, client.world_size(), average)
-                              : tally::bench::count_wrong(data.data(), count, client.world_size(), average);
+                              : tally::bench::count_wrong(data.data(), count, client.world_size(), redop);
     if (wrong) {
       std::printf("wrong op %d: %zu of %llu elements\n", op, wrong, static_cast<unsigned long long>(count));
       std::fflush(stdout);

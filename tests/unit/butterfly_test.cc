@@ -184,5 +184,35 @@ TEST(Butterfly, MaxReceives) {
   }
 }
 
+TEST(Butterfly, TrafficClosedForm) {
+  EXPECT_EQ(butterfly_traffic(1, 0, 100), 0.0);
+  EXPECT_EQ(butterfly_traffic(2, 0, 100), 1.0);  // 2(2-1)/2
+  EXPECT_EQ(butterfly_traffic(4, 3, 100), 1.5);  // 2(4-1)/4
+  EXPECT_EQ(butterfly_traffic(8, 5, 100), 1.75);
+  EXPECT_EQ(butterfly_traffic(3, 0, 100), 2.0);  // core paired with extra 2
+  EXPECT_EQ(butterfly_traffic(3, 1, 100), 1.0);  // core, unpaired
+  EXPECT_EQ(butterfly_traffic(3, 2, 100), 1.0);  // the extra
+  EXPECT_EQ(butterfly_traffic(5, 4, 1), 1.0);
+  EXPECT_EQ(butterfly_traffic(4, 1, 3), 2.0);  // E < P: log2(4) doubling steps
+  EXPECT_EQ(butterfly_traffic(5, 0, 3), 3.0);  // doubling plus the fold
+}
+
+TEST(Butterfly, TrafficMatchesTheScheduleWhenPDividesTheChunk) {
+  for (uint32_t n = 1; n <= 8; ++n) {
+    for (uint64_t elements : {1ull, 2ull, 3ull, 8ull, 64ull, 1024ull}) {
+      uint32_t p = 1;
+      while (p * 2 <= n) p *= 2;
+      if (elements >= p && elements % p != 0) continue;
+      SCOPED_TRACE("n=" + std::to_string(n) + " E=" + std::to_string(elements));
+      Outcome out = simulate(n, elements);
+      for (uint32_t i = 0; i < n; ++i) {
+        const double expected = butterfly_traffic(n, i, elements) * static_cast<double>(elements);
+        EXPECT_EQ(static_cast<double>(out.sent[i]), expected) << "participant " << i;
+        EXPECT_EQ(static_cast<double>(out.received[i]), expected) << "participant " << i;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tally

@@ -12,6 +12,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "tally/protocol/dtype.h"
+
 namespace tally::bench {
 
 inline uint64_t pattern_value(uint32_t rank, uint64_t i) { return (i % 1021) * 64 + (rank % 64) + 1; }
@@ -27,9 +29,11 @@ void fill_pattern(T* data, size_t count, uint32_t rank) {
   for (size_t i = 0; i < count; ++i) data[i] = static_cast<T>(pattern_value(rank, i));
 }
 
-// Number of elements that differ from the expected sum (or average).
+// Number of elements that differ from the expected result of `redop` (sum
+// or average) over `world_size` ranks' fill_pattern inputs.
 template <typename T>
-size_t count_wrong(const T* data, size_t count, uint32_t world_size, bool average) {
+size_t count_wrong(const T* data, size_t count, uint32_t world_size, RedOp redop) {
+  const bool average = redop == RedOp::kAverage;
   size_t wrong = 0;
   for (size_t i = 0; i < count; ++i) {
     T expected = static_cast<T>(pattern_sum(world_size, i));

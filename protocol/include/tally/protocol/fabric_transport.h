@@ -66,9 +66,21 @@ class Fabric {
   // a fabric description (the reducer, answering a Hello) or when it offers
   // one through describe_data_path() (the client, before its Hello). The
   // connection lives on the socket's executor, which must belong to an
-  // io_context that outlives close().
-  virtual std::shared_ptr<Connection> make_connection(boost::asio::ip::tcp::socket socket,
-                                                      const ConnectionOptions& options) = 0;
+  // io_context that outlives close(). Non-blocking; never fails (a dead
+  // socket shows as on_closed). Defined in connection_factory.cc, beside
+  // make_connection(): the socket becomes a TCP control stream there and is
+  // handed to wrap_control(), so that this transport never includes the TCP one.
+  std::shared_ptr<Connection> make_connection(boost::asio::ip::tcp::socket socket,
+                                              const ConnectionOptions& options);
+
+  // Builds the fabric connection around `control`, a stream not started yet
+  // that carries control frames (and data frames until the data path moves
+  // onto the fabric); the connection owns it from here on. `local_ip` is
+  // the address its socket is bound to ("" when unknown), which chooses the
+  // endpoint. Same threading and lifetime rules as make_connection().
+  virtual std::shared_ptr<Connection> wrap_control(std::shared_ptr<Connection> control,
+                                                   std::string local_ip,
+                                                   const ConnectionOptions& options) = 0;
 
   // Opens now the endpoint that connections on `executor` whose control
   // socket is bound to `local_ip` will use, instead of at the first such
@@ -81,12 +93,5 @@ class Fabric {
   // before their io_contexts are destroyed. Idempotent.
   virtual void close() = 0;
 };
-
-// Wraps a connected socket: through `fabric` when there is one (the data
-// path then follows the handshake), else as a plain TCP connection. The one
-// place workers, reducers and replica links choose their transport.
-std::shared_ptr<Connection> make_connection(const std::shared_ptr<Fabric>& fabric,
-                                            boost::asio::ip::tcp::socket socket,
-                                            const ConnectionOptions& options);
 
 }  // namespace tally

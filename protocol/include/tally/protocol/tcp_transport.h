@@ -11,21 +11,16 @@
 #include <string_view>
 #include <vector>
 
+#include "tally/protocol/address.h"
 #include "tally/protocol/transport.h"
 
 namespace tally {
 
-// Wraps a connected socket. The connection lives on the socket's executor.
+// Wraps a connected socket; the caller owns the connection (shared). It
+// lives on the socket's executor (Connection's threading rules).
+// Non-blocking; never fails: a dead socket shows as on_closed after start().
 std::shared_ptr<Connection> make_tcp_connection(boost::asio::ip::tcp::socket socket,
                                                 const ConnectionOptions& options);
-
-// Splits "host:port" ("[::1]:7000" for IPv6). Errors: kInvalidArgument.
-struct HostPort {
-  std::string host;
-  uint16_t port = 0;
-  std::string to_string() const;
-};
-Result<HostPort> parse_host_port(std::string_view text);
 
 // Resolves and connects within `timeout`, trying each resolved address.
 // `done` runs on `ctx` with the socket or kUnavailable / kTimeout naming the

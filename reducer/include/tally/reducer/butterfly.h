@@ -73,4 +73,13 @@ std::vector<ButterflyStep> butterfly_schedule(uint32_t participants, uint32_t in
 // index and size: 2 log2(P), plus one when there are extras.
 uint32_t butterfly_max_receives(uint32_t participants);
 
+// What participant `index` of `participants` sends, and receives, for one
+// chunk of `elements` elements, as a multiple of the chunk's size, by the
+// closed form of docs/architecture.md (Traffic): a core participant moves
+// 2(P-1)/P (elements >= P) or log2(P) (elements < P), plus 1 when paired
+// with an extra; an extra moves 1; a lone participant 0. butterfly_schedule
+// meets it exactly when P divides `elements` (else within a few elements).
+// Pure; requires index < participants.
+double butterfly_traffic(uint32_t participants, uint32_t index, uint64_t elements);
+
 }  // namespace tally

@@ -9,14 +9,12 @@
 #include <boost/asio/read.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/write.hpp>
-#include <charconv>
 #include <deque>
 #include <unordered_map>
 #include <vector>
 
 #include "tally.pb.h"
 #include "tally/protocol/control.h"
-#include "tally/protocol/fabric_transport.h"
 
 namespace tally {
 namespace {
@@ -41,7 +39,8 @@ Status from_asio(const boost::system::error_code& ec, std::string_view what,
                  const std::string& peer) {
   if (ec == asio::error::eof || ec == asio::error::connection_reset ||
       ec == asio::error::broken_pipe) {
-    return Status(ErrorCode::kPeerLost, std::string(what) + " " + peer + ": connection closed by peer");
+    return Status(ErrorCode::kPeerLost,
+                  std::string(what) + " " + peer + ": connection closed by peer");
   }
   if (ec == asio::error::operation_aborted) {
     return Status(ErrorCode::kCancelled, std::string(what) + " " + peer + ": cancelled");
@@ -69,8 +68,7 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
     read_header();
   }
 
-  void send(const FrameHeader& header, std::span<const std::byte> payload,
-            SendDone done) override {
+  void send(const FrameHeader& header, std::span<const std::byte> payload, SendDone done) override {
     if (closed_) {
       done(close_reason_);
       return;
@@ -151,9 +149,10 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
 
   Status attach_data_path(const wire::DataPath& peer) override {
     if (peer.transport().empty() || peer.transport() == "tcp") return Status::ok();
-    return Status(ErrorCode::kUnimplemented,
-                  "the peer asks for data path '" + peer.transport() +
-                      "' but this side serves only tcp (start the reducer with --transport fabric)");
+    return Status(
+        ErrorCode::kUnimplemented,
+        "the peer asks for data path '" + peer.transport() +
+            "' but this side serves only tcp (start the reducer with --transport fabric)");
   }
 
  private:
@@ -181,8 +180,8 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
     if (closed_) return;
     if (ec) return fail(from_asio(ec, "reading from", peer_));
     last_rx_ = Clock::now();
-    auto decoded = decode_header(std::span<const std::byte, kFrameHeaderBytes>(header_bytes_),
-                                 limits_);
+    auto decoded =
+        decode_header(std::span<const std::byte, kFrameHeaderBytes>(header_bytes_), limits_);
     if (!decoded) {
       Status why = decoded.status().with_context("frame from " + peer_);
       if (why.code() == ErrorCode::kVersionMismatch) {
@@ -268,14 +267,14 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
     const size_t piece = std::min(total - done, discarding_ ? kScratchBytes : kReadPieceBytes);
     asio::mutable_buffer buf = discarding_ ? asio::buffer(scratch_.data(), piece)
                                            : asio::buffer(dst_.data() + done, piece);
-    asio::async_read(socket_, buf,
-                     [self = shared_from_this(), done, piece](const boost::system::error_code& ec,
-                                                              size_t) {
-                       if (self->closed_) return;
-                       if (ec) return self->fail(from_asio(ec, "reading from", self->peer_));
-                       self->last_rx_ = Clock::now();
-                       self->read_payload(done + piece);
-                     });
+    asio::async_read(
+        socket_, buf,
+        [self = shared_from_this(), done, piece](const boost::system::error_code& ec, size_t) {
+          if (self->closed_) return;
+          if (ec) return self->fail(from_asio(ec, "reading from", self->peer_));
+          self->last_rx_ = Clock::now();
+          self->read_payload(done + piece);
+        });
   }
 
   void on_payload_complete() {
@@ -377,47 +376,6 @@ std::shared_ptr<Connection> make_tcp_connection(tcp::socket socket,
   return std::make_shared<TcpConnection>(std::move(socket), options);
 }
 
-std::shared_ptr<Connection> make_connection(const std::shared_ptr<Fabric>& fabric, tcp::socket socket,
-                                            const ConnectionOptions& options) {
-  return fabric ? fabric->make_connection(std::move(socket), options)
-                : make_tcp_connection(std::move(socket), options);
-}
-
-std::string HostPort::to_string() const {
-  return host.find(':') != std::string::npos ? "[" + host + "]:" + std::to_string(port)
-                                             : host + ":" + std::to_string(port);
-}
-
-Result<HostPort> parse_host_port(std::string_view text) {
-  auto bad = [&](std::string_view why) {
-    return Status(ErrorCode::kInvalidArgument,
-                  "bad address '" + std::string(text) + "': " + std::string(why));
-  };
-  HostPort out;
-  std::string_view port_text;
-  if (!text.empty() && text.front() == '[') {
-    auto close = text.find(']');
-    if (close == std::string_view::npos || close + 1 >= text.size() || text[close + 1] != ':') {
-      return bad("expected [ipv6]:port");
-    }
-    out.host = std::string(text.substr(1, close - 1));
-    port_text = text.substr(close + 2);
-  } else {
-    auto colon = text.rfind(':');
-    if (colon == std::string_view::npos) return bad("expected host:port");
-    out.host = std::string(text.substr(0, colon));
-    port_text = text.substr(colon + 1);
-  }
-  if (out.host.empty()) return bad("empty host");
-  unsigned port = 0;
-  auto [ptr, ec] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
-  if (ec != std::errc() || ptr != port_text.data() + port_text.size() || port > 65535) {
-    return bad("port must be a number from 0 to 65535");
-  }
-  out.port = static_cast<uint16_t>(port);
-  return out;
-}
-
 void async_tcp_connect(asio::io_context& ctx, const HostPort& address,
                        std::chrono::milliseconds timeout,
                        std::function<void(Result<tcp::socket>)> done) {
@@ -457,15 +415,15 @@ void async_tcp_connect(asio::io_context& ctx, const HostPort& address,
         if (ec) {
           return finish(Status(ErrorCode::kUnavailable, "resolving " + name + ": " + ec.message()));
         }
-        asio::async_connect(st->socket, results,
-                            [st, finish, name](const boost::system::error_code& ec,
-                                               const tcp::endpoint&) {
-                              if (ec) {
-                                return finish(Status(ErrorCode::kUnavailable,
-                                                     "connecting to " + name + ": " + ec.message()));
-                              }
-                              finish(std::move(st->socket));
-                            });
+        asio::async_connect(
+            st->socket, results,
+            [st, finish, name](const boost::system::error_code& ec, const tcp::endpoint&) {
+              if (ec) {
+                return finish(
+                    Status(ErrorCode::kUnavailable, "connecting to " + name + ": " + ec.message()));
+              }
+              finish(std::move(st->socket));
+            });
       });
 }
 
@@ -503,8 +461,8 @@ Result<std::unique_ptr<TcpListener>> TcpListener::listen(std::vector<asio::io_co
     tcp::resolver resolver(*impl->contexts.front());
     auto results = resolver.resolve(address.host, std::to_string(address.port), ec);
     if (ec || results.empty()) {
-      return Status(ErrorCode::kUnavailable, "cannot resolve listen address " +
-                                                 address.to_string() + ": " + ec.message());
+      return Status(ErrorCode::kUnavailable,
+                    "cannot resolve listen address " + address.to_string() + ": " + ec.message());
     }
     addr = results.begin()->endpoint().address();
   }

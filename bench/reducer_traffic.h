@@ -1,0 +1,36 @@
+// The payload bytes each reducer moves per op, as its counters measure them
+// and as the design predicts them: the per-reducer report of tally-bench
+// --reducer-stats. Private to tally-bench.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tally/protocol/chunking.h"
+
+namespace tally::bench {
+
+// One reducer's counters (payload bytes), as its --stats-file has them.
+struct Counters {
+  double worker_in = 0, worker_out = 0, replica_in = 0, replica_out = 0;
+};
+
+// Reads a reducer's --stats-file. Blocks on the file read; a missing file
+// or counter reads as 0 (the reducer may not have written it yet).
+Counters read_counters(const std::string& path);
+
+// Bytes per op the design predicts for reducer (shard s, group g), for a
+// tensor of `bytes` (docs/architecture.md, Traffic): from and to workers
+// w_g x (shard s's bytes); to and from the other replicas, per chunk, the
+// butterfly's closed form (butterfly_traffic) times the chunk's bytes.
+struct Expected {
+  double worker = 0, replica_in = 0, replica_out = 0;
+};
+
+// Pure. `sizes`: workers per group; `esize`: bytes per element.
+Expected expected_bytes(const ChunkPlan& plan, size_t esize, uint32_t shard, uint32_t group,
+                        const std::vector<uint32_t>& sizes);
+
+}  // namespace tally::bench

@@ -1,0 +1,623 @@
+#include "connection.h"
+
+#include <rdma/fi_errno.h>
+#include <rdma/fi_tagged.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <boost/asio/post.hpp>
+
+#include "tally.pb.h"
+
+namespace tally::fabric {
+namespace {
+
+using namespace std::chrono_literals;
+
+// Payload receives posted into libfabric ahead per stream; the rest of an
+// op's posted receives wait in order, so a large op cannot exhaust the
+// provider's receive queue.
+constexpr size_t kPrepostLimit = 64;
+// After close(), operations the provider still holds get this long to
+// complete or cancel before on_closed runs anyway (a dead peer's sends
+// never complete: libfabric does not report dead peers).
+constexpr auto kCloseGrace = 1000ms;
+
+}  // namespace
+
+// The TCP connection's handler: control messages, and data frames while
+// the data path is still on TCP.
+class FabricConnection::ControlSide final : public FrameHandler {
+ public:
+  explicit ControlSide(std::shared_ptr<FabricConnection> owner) : owner_(std::move(owner)) {}
+  PayloadAction on_data_header(const FrameHeader& h) override {
+    if (owner_->mode_ == Mode::kFabric) {
+      return PayloadAction::close(
+          Status(ErrorCode::kProtocol, "data frame on the control stream of a fabric connection"));
+    }
+    return owner_->handler()->on_data_header(h);
+  }
+  void on_data(const FrameHeader& h, std::span<std::byte> p) override {
+    owner_->handler()->on_data(h, p);
+  }
+  void on_control(const wire::Control& m) override {
+    if (auto h = owner_->handler()) h->on_control(m);
+  }
+  void on_closed(const Status& reason) override {
+    auto owner = std::move(owner_);
+    owner->close(reason);
+  }
+
+ private:
+  std::shared_ptr<FabricConnection> owner_;
+};
+
+FabricConnection::FabricConnection(std::shared_ptr<Connection> control,
+                                   EndpointSource endpoint_source, const ConnectionOptions& options)
+    : endpoint_source_(std::move(endpoint_source)),
+      control_(std::move(control)),
+      executor_(control_->executor()),
+      peer_(control_->peer()),
+      options_(options),
+      grace_(control_->executor()),
+      watchdog_(control_->executor()) {
+  limits_.max_data_bytes = options.max_data_bytes;
+}
+
+void FabricConnection::start(std::shared_ptr<FrameHandler> handler) {
+  handler_ = std::move(handler);
+  control_->start(std::make_shared<ControlSide>(shared_from_this()));
+}
+
+void FabricConnection::send(const FrameHeader& header, std::span<const std::byte> payload,
+                            SendDone done) {
+  if (closed_) return done(close_reason_);
+  if (mode_ != Mode::kFabric) return control_->send(header, payload, std::move(done));
+  send_fabric(header, payload, std::move(done));
+}
+
+void FabricConnection::send_control(const wire::Control& message, SendDone done) {
+  if (!control_) {  // abandoned at shutdown
+    if (done) done(close_reason_);
+    return;
+  }
+  control_->send_control(message, std::move(done));
+}
+
+void FabricConnection::post_receive(const ReceiveKey& key, std::span<std::byte> dst) {
+  if (closed_) return;
+  if (mode_ != Mode::kFabric) return control_->post_receive(key, dst);
+  Rx& rx = rx_[key];
+  rx = Rx{};
+  rx.dst = dst;
+  rx.expected = true;
+  if (posted_payloads_ < kPrepostLimit) {
+    post_payload(key, rx);
+  } else {
+    waiting_.push_back(key);
+  }
+}
+
+bool FabricConnection::cancel_receive(const ReceiveKey& key) {
+  if (!control_) return true;  // abandoned: nothing writes any buffer now
+  if (mode_ != Mode::kFabric) return control_->cancel_receive(key);
+  auto it = rx_.find(key);
+  if (it == rx_.end()) return true;
+  Rx& rx = it->second;
+  if (rx.cancelled) return false;
+  if (!rx.posted) {
+    rx_.erase(it);
+    return true;
+  }
+  if (rx.pieces_left == 0) {  // payload here, header not yet: nothing writes the buffer now
+    if (!rx.header) consumed_.insert(key);
+    rx_.erase(it);
+    return true;
+  }
+  rx.cancelled = true;
+  for (Op* op : rx.ops) fi_cancel(&endpoint_->ep()->fid, &op->ctx);
+  endpoint_->kick();
+  return false;
+}
+
+void FabricConnection::resume() {
+  if (!control_) return;
+  if (mode_ != Mode::kFabric) return control_->resume();
+  if (closed_ || !paused_) return;
+  paused_ = false;
+  take_headers();
+}
+
+void FabricConnection::close(const Status& reason) {
+  if (closed_) return;
+  closed_ = true;
+  close_reason_ = reason;
+  watchdog_.cancel();
+  control_->close(reason);
+  paused_ = true;  // take no more headers
+  // Posts still waiting for -FI_EAGAIN to clear never reached libfabric.
+  for (auto& p : pending_) {
+    if (p.op) {
+      ops_.erase(p.op);
+      auto done = std::move(p.op->done);
+      endpoint_->drop_op(p.op);
+      if (done) done(Status(ErrorCode::kCancelled, "never posted"), 0);
+    }
+  }
+  pending_.clear();
+  if (endpoint_) {
+    for (Op* op : ops_) fi_cancel(&endpoint_->ep()->fid, &op->ctx);
+    endpoint_->kick();
+  }
+  if (ops_.empty()) return finish_close();
+  grace_.expires_after(kCloseGrace);
+  grace_.async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
+    if (ec) return;
+    if (!self->ops_.empty()) {
+      spdlog::warn("fabric stream to {}: {} operation(s) did not finish within {} ms of close",
+                   self->peer(), self->ops_.size(), kCloseGrace.count());
+    }
+    self->finish_close();
+  });
+}
+
+Status FabricConnection::describe_data_path(wire::DataPath* out) {
+  if (!control_) return Status(ErrorCode::kCancelled, "connection abandoned at shutdown");
+  if (mode_ == Mode::kTcp) return control_->describe_data_path(out);
+  TALLY_RETURN_IF_ERROR(open_endpoint());
+  out->set_transport("fabric");
+  out->set_provider(endpoint_->provider());
+  out->set_address(endpoint_->address());
+  out->set_stream_id(stream_);
+  out->set_max_message_bytes(endpoint_->max_msg_size());
+  offered_ = true;
+  return Status::ok();
+}
+
+Status FabricConnection::attach_data_path(const wire::DataPath& peer) {
+  if (!control_) return Status(ErrorCode::kCancelled, "connection abandoned at shutdown");
+  if (peer.transport().empty() || peer.transport() == "tcp") {
+    if (offered_) {
+      return Status(ErrorCode::kUnimplemented,
+                    peer_ +
+                        " answered with a tcp data path to a fabric hello "
+                        "(start the pool with --transport fabric)");
+    }
+    mode_ = Mode::kTcp;
+    return Status::ok();
+  }
+  if (peer.transport() != "fabric") {
+    return Status(ErrorCode::kInvalidArgument,
+                  "unknown data path transport '" + peer.transport() + "'");
+  }
+  TALLY_RETURN_IF_ERROR(open_endpoint());
+  if (peer.provider() != endpoint_->provider()) {
+    return Status(ErrorCode::kInvalidArgument, "fabric provider mismatch: " + peer_ + " uses '" +
+                                                   peer.provider() + "', this side '" +
+                                                   endpoint_->provider() + "'");
+  }
+  if (peer.stream_id() == 0 || peer.stream_id() > 0xFFFF) {
+    return Status(ErrorCode::kInvalidArgument, "bad fabric stream id from " + peer_);
+  }
+  auto addr = endpoint_->insert_peer(peer.address());
+  if (!addr) return addr.status().with_context("fabric address of " + peer_);
+  if (peer.max_message_bytes() == 0) {
+    return Status(ErrorCode::kInvalidArgument, "no fabric max_message_bytes from " + peer_);
+  }
+  peer_addr_ = *addr;
+  peer_stream_ = peer.stream_id();
+  // Both sides cut payloads into the same pieces.
+  piece_bytes_ = std::min<uint64_t>(endpoint_->max_msg_size(), peer.max_message_bytes());
+  mode_ = Mode::kFabric;
+  for (uint64_t s = 0; s < kHeaderSlots; ++s) post_header(s);
+  arm_watchdog();
+  return Status::ok();
+}
+
+void FabricConnection::abandon() {
+  closed_ = true;
+  finished_ = true;
+  ops_.clear();
+  pending_.clear();
+  rx_.clear();
+  waiting_.clear();
+  handler_.reset();
+  control_.reset();
+}
+
+Status FabricConnection::open_endpoint() {
+  if (endpoint_) return Status::ok();
+  auto ep = endpoint_source_();
+  if (!ep) return ep.status();
+  auto id = (*ep)->allocate_stream();
+  if (!id) return id.status();
+  endpoint_ = *ep;
+  stream_ = *id;
+  return Status::ok();
+}
+
+void FabricConnection::submit(Op* op, std::function<ssize_t()> attempt) {
+  if (op) ops_.insert(op);
+  if (pending_.empty()) {
+    ssize_t rc = attempt();
+    if (rc == 0) return endpoint_->kick();
+    if (rc != -FI_EAGAIN) return post_failed(op, rc);
+  }
+  pending_.push_back(Post{op, std::move(attempt)});
+  endpoint_->needs_retry(shared_from_this());
+}
+
+void FabricConnection::post_failed(Op* op, ssize_t rc) {
+  Status why = fi_status("posting to " + peer(), rc);
+  if (op) {
+    ops_.erase(op);
+    endpoint_->drop_op(op);
+  }
+  close(why);
+}
+
+bool FabricConnection::retry_posts() {
+  while (!pending_.empty() && !closed_) {
+    ssize_t rc = pending_.front().attempt();
+    if (rc == -FI_EAGAIN) return true;
+    Post p = std::move(pending_.front());
+    pending_.pop_front();
+    if (rc != 0) {
+      post_failed(p.op, rc);
+      return false;
+    }
+  }
+  return false;
+}
+
+void FabricConnection::op_finished(Op* op) {
+  ops_.erase(op);
+  if (closed_ && ops_.empty() && !finished_) {
+    grace_.cancel();
+    finish_close();
+  }
+}
+
+Result<void*> FabricConnection::desc_for(const void* p, size_t n,
+                                         std::vector<MrCache::Entry*>& held) {
+  if (!endpoint_->registration() || n == 0) return static_cast<void*>(nullptr);
+  auto e = endpoint_->mr().acquire(p, n);
+  if (!e) return e.status();
+  held.push_back(*e);
+  return fi_mr_desc((*e)->mr);
+}
+
+void FabricConnection::send_fabric(const FrameHeader& header, std::span<const std::byte> payload,
+                                   SendDone done) {
+  const uint64_t seq = seq_out_++;
+  auto encoded = std::make_shared<EncodedHeader>(encode_header(header));
+  const uint64_t htag = header_tag(peer_stream_, seq);
+  fid_ep* ep = endpoint_->ep();
+  const fi_addr_t to = peer_addr_;
+  if (endpoint_->inject_size() >= kFrameHeaderBytes) {
+    submit(nullptr, [ep, encoded, to, htag] {
+      return fi_tinject(ep, encoded->data(), encoded->size(), to, htag);
+    });
+  } else {
+    Op* op = endpoint_->new_op(nullptr);
+    op->done = [self = shared_from_this(), encoded, op](const Status& s, size_t) {
+      self->op_finished(op);
+      if (!s.is_ok() && !self->closed_)
+        self->close(s.with_context("sending a header to " + self->peer()));
+    };
+    submit(op, [ep, encoded, to, htag, op] {
+      return fi_tsend(ep, encoded->data(), encoded->size(), nullptr, to, htag, &op->ctx);
+    });
+  }
+  if (payload.empty()) {
+    return asio::post(executor(), [done = std::move(done)] { done(Status::ok()); });
+  }
+
+  const ReceiveKey key{header.kind, header.op, header.chunk};
+  const size_t piece_bytes = piece_bytes_;
+  const uint64_t pieces = piece_count(payload.size(), piece_bytes);
+  if (pieces > kMaxPieces) {
+    done(Status(ErrorCode::kInvalidArgument, "payload too large for this provider's max_msg_size"));
+    return close(Status(ErrorCode::kInvalidArgument,
+                        std::to_string(payload.size()) + "-byte payload needs more than " +
+                            std::to_string(kMaxPieces) + " messages of max_msg_size " +
+                            std::to_string(piece_bytes)));
+  }
+  auto state = std::make_shared<SendState>();
+  state->left = static_cast<uint32_t>(pieces);
+  state->done = std::move(done);
+  auto desc = desc_for(payload.data(), payload.size(), state->mrs);
+  if (!desc) {
+    state->done(desc.status());
+    return close(desc.status().with_context("registering a send buffer"));
+  }
+  for (uint64_t i = 0; i < pieces; ++i) {
+    const size_t off = i * piece_bytes;
+    const size_t len = std::min(piece_bytes, payload.size() - off);
+    const uint64_t tag = payload_tag(peer_stream_, key, static_cast<uint32_t>(i));
+    Op* op = endpoint_->new_op(nullptr);
+    op->done = [self = shared_from_this(), state, op](const Status& s, size_t) {
+      self->op_finished(op);
+      if (!s.is_ok() && state->failure.is_ok()) state->failure = s;
+      if (--state->left > 0) return;
+      for (auto* e : state->mrs) self->endpoint_->mr().release(e);
+      if (state->done) {
+        auto d = std::move(state->done);
+        d(state->failure.is_ok() ? Status::ok()
+                                 : state->failure.with_context("sending to " + self->peer()));
+      }
+      if (!state->failure.is_ok() && !self->closed_)
+        self->close(state->failure.with_context("sending to " + self->peer()));
+    };
+    const std::byte* buf = payload.data() + off;
+    void* d = *desc;
+    submit(op,
+           [ep, buf, len, d, to, tag, op] { return fi_tsend(ep, buf, len, d, to, tag, &op->ctx); });
+  }
+}
+
+void FabricConnection::post_header(uint64_t seq) {
+  const size_t slot = seq % kHeaderSlots;
+  Op* op = endpoint_->new_op(nullptr);
+  op->done = [self = shared_from_this(), op, seq](const Status& s, size_t n) {
+    self->op_finished(op);
+    self->on_header(seq, s, n);
+  };
+  fid_ep* ep = endpoint_->ep();
+  std::byte* buf = header_bufs_[slot].data();
+  const uint64_t tag = header_tag(stream_, seq);
+  const fi_addr_t from = peer_addr_;
+  submit(op, [ep, buf, from, tag, op] {
+    return fi_trecv(ep, buf, kFrameHeaderBytes, nullptr, from, tag, 0, &op->ctx);
+  });
+}
+
+void FabricConnection::on_header(uint64_t seq, const Status& s, size_t n) {
+  if (closed_) return;
+  if (!s.is_ok()) return close(s.with_context("receiving a header from " + peer()));
+  if (n != kFrameHeaderBytes) {
+    return close(Status(ErrorCode::kProtocol,
+                        "short frame header (" + std::to_string(n) + " bytes) from " + peer()));
+  }
+  header_ready_[seq % kHeaderSlots] = true;
+  take_headers();
+}
+
+void FabricConnection::take_headers() {
+  // A handler callback below may resume() this stream: the loop already
+  // running continues then, a nested one would take a header twice.
+  if (taking_) return;
+  taking_ = true;
+  struct Reset {
+    bool& flag;
+    ~Reset() { flag = false; }
+  } reset{taking_};
+  while (!closed_ && !paused_ && !awaiting_ && header_ready_[seq_in_ % kHeaderSlots]) {
+    const size_t slot = seq_in_ % kHeaderSlots;
+    auto decoded =
+        decode_header(std::span<const std::byte, kFrameHeaderBytes>(header_bufs_[slot]), limits_);
+    if (!decoded) return close(decoded.status().with_context("frame from " + peer()));
+    const FrameHeader h = *decoded;
+    if (h.kind == FrameKind::kControl) {
+      return close(
+          Status(ErrorCode::kProtocol, "control frame on the fabric data path from " + peer()));
+    }
+    if (!take_header(h)) return;  // paused or closed: the same header is taken again later
+    header_ready_[slot] = false;
+    const uint64_t next = seq_in_ + kHeaderSlots;
+    seq_in_++;
+    post_header(next);
+  }
+}
+
+bool FabricConnection::take_header(const FrameHeader& h) {
+  const ReceiveKey key{h.kind, h.op, h.chunk};
+  if (consumed_.erase(key)) return true;
+  if (auto it = rx_.find(key); it != rx_.end()) {
+    Rx& rx = it->second;
+    if (rx.dst.size() != h.length) {
+      close(Status(ErrorCode::kProtocol, describe(h) + " from " + peer() + " does not match the " +
+                                             std::to_string(rx.dst.size()) +
+                                             "-byte receive posted for it"));
+      return false;
+    }
+    rx.header = h;
+    rx.owed_since = std::chrono::steady_clock::now();
+    if (rx.cancelled) return true;  // settled when the cancel completes
+    if (!rx.posted) post_payload(key, rx);
+    if (rx.posted && rx.pieces_left == 0) deliver(key);
+    return !closed_;
+  }
+  PayloadAction action = handler_->on_data_header(h);
+  if (closed_) return false;
+  switch (action.kind) {
+    case PayloadAction::Kind::kReceive: {
+      TALLY_CHECK_EQ(action.dst.size(), h.length);
+      Rx& rx = rx_[key];
+      rx = Rx{};
+      rx.dst = action.dst;
+      rx.header = h;
+      rx.owed_since = std::chrono::steady_clock::now();
+      await(key);
+      post_payload(key, rx);
+      if (rx.posted && rx.pieces_left == 0) deliver(key);
+      return !closed_;
+    }
+    case PayloadAction::Kind::kDiscard:
+      if (h.length > 0) await(key);
+      discard_payload(key, h);
+      return !closed_;
+    case PayloadAction::Kind::kPause:
+      paused_ = true;
+      return false;
+    case PayloadAction::Kind::kClose:
+      close(action.error);
+      return false;
+  }
+  return false;
+}
+
+void FabricConnection::arm_watchdog() {
+  // Ticks of an eighth of the peer timeout notice a stall within 1.125x it.
+  watchdog_.expires_after(
+      std::min<std::chrono::milliseconds>(options_.heartbeat_interval, options_.peer_timeout / 8));
+  watchdog_.async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
+    if (ec || self->closed_) return;
+    self->check_payloads();
+    if (!self->closed_) self->arm_watchdog();
+  });
+}
+
+void FabricConnection::check_payloads() {
+  const auto now = std::chrono::steady_clock::now();
+  for (auto& [key, rx] : rx_) {
+    if (!rx.header || rx.cancelled || rx.pieces_left == 0) continue;
+    const auto since = std::max(rx.owed_since, last_payload_);
+    if (now - since > options_.peer_timeout) {
+      const auto ms =
+          std::chrono::duration_cast<std::chrono::milliseconds>(now - rx.owed_since).count();
+      return close(
+          Status(ErrorCode::kPeerLost, "the payload of " + describe(*rx.header) + " from " +
+                                           peer() + " has not arrived " + std::to_string(ms) +
+                                           " ms after its header (fabric data path stalled)"));
+    }
+  }
+}
+
+void FabricConnection::await(const ReceiveKey& key) {
+  awaiting_ = true;
+  awaited_ = key;
+}
+
+void FabricConnection::discard_payload(const ReceiveKey& key, const FrameHeader& h) {
+  if (h.length == 0) return;
+  Rx& rx = rx_[key];
+  rx = Rx{};
+  rx.scratch.resize(h.length);
+  rx.dst = rx.scratch;
+  rx.header = h;
+  rx.owed_since = std::chrono::steady_clock::now();
+  rx.discard = true;
+  post_payload(key, rx);
+}
+
+void FabricConnection::post_payload(const ReceiveKey& key, Rx& rx) {
+  rx.posted = true;
+  if (rx.dst.empty()) return;  // nothing to receive; delivered with its header
+  const size_t piece_bytes = piece_bytes_;
+  const uint64_t pieces = piece_count(rx.dst.size(), piece_bytes);
+  if (pieces > kMaxPieces) {
+    return close(
+        Status(ErrorCode::kInvalidArgument, "receive of " + std::to_string(rx.dst.size()) +
+                                                " bytes exceeds the provider's message limits"));
+  }
+  auto desc = desc_for(rx.dst.data(), rx.dst.size(), rx.mrs);
+  if (!desc) return close(desc.status().with_context("registering a receive buffer"));
+  if (rx.expected) posted_payloads_++;
+  rx.pieces_left = static_cast<uint32_t>(pieces);
+  fid_ep* ep = endpoint_->ep();
+  const fi_addr_t from = peer_addr_;
+  for (uint64_t i = 0; i < pieces; ++i) {
+    const size_t off = i * piece_bytes;
+    const size_t len = std::min(piece_bytes, rx.dst.size() - off);
+    const uint64_t tag = payload_tag(stream_, key, static_cast<uint32_t>(i));
+    Op* op = endpoint_->new_op(nullptr);
+    op->done = [self = shared_from_this(), op, key, len](const Status& s, size_t n) {
+      self->op_finished(op);
+      self->on_payload_piece(key, op, s, n, len);
+    };
+    rx.ops.push_back(op);
+    std::byte* buf = rx.dst.data() + off;
+    void* d = *desc;
+    submit(op, [ep, buf, len, d, from, tag, op] {
+      return fi_trecv(ep, buf, len, d, from, tag, 0, &op->ctx);
+    });
+  }
+}
+
+void FabricConnection::on_payload_piece(const ReceiveKey& key, Op* op, const Status& s, size_t n,
+                                        size_t expected) {
+  auto it = rx_.find(key);
+  if (it == rx_.end()) return;  // closed meanwhile
+  Rx& rx = it->second;
+  std::erase(rx.ops, op);
+  last_payload_ = std::chrono::steady_clock::now();
+  const bool cancelled_now = !s.is_ok() && s.code() == ErrorCode::kCancelled;
+  if (!s.is_ok() && !cancelled_now && !closed_) {
+    return close(s.with_context("receiving a payload from " + peer()));
+  }
+  if (s.is_ok() && n != expected && !closed_) {
+    return close(Status(ErrorCode::kProtocol, "payload piece of " + std::to_string(n) +
+                                                  " bytes from " + peer() + " where " +
+                                                  std::to_string(expected) + " were expected"));
+  }
+  if (cancelled_now) rx.any_cancelled = true;
+  if (--rx.pieces_left > 0) return;
+  if (rx.cancelled) return settle_cancelled(key);
+  if (rx.header) deliver(key);
+}
+
+void FabricConnection::settle_cancelled(const ReceiveKey& key) {
+  auto node = rx_.extract(key);
+  Rx& rx = node.mapped();
+  release(rx);
+  if (rx.any_cancelled) {
+    // The payload was not taken; if its header came already, drain it.
+    if (rx.header && !closed_) discard_payload(key, *rx.header);
+  } else if (!rx.header) {
+    consumed_.insert(key);
+  }
+  FrameHeader h;
+  h.kind = key.kind;
+  h.op = key.op;
+  h.chunk = key.chunk;
+  h.length = rx.dst.size();
+  if (!closed_) handler_->on_data(h, rx.dst);
+  refill();
+}
+
+void FabricConnection::deliver(const ReceiveKey& key) {
+  auto node = rx_.extract(key);
+  Rx& rx = node.mapped();
+  release(rx);
+  if (!rx.discard && !closed_) handler_->on_data(*rx.header, rx.dst);
+  refill();
+  if (awaiting_ && awaited_ == key) {
+    awaiting_ = false;
+    take_headers();
+  }
+}
+
+void FabricConnection::release(Rx& rx) {
+  if (rx.expected && rx.posted && !rx.dst.empty()) posted_payloads_--;
+  for (auto* e : rx.mrs) endpoint_->mr().release(e);
+  rx.mrs.clear();
+}
+
+void FabricConnection::refill() {
+  while (!closed_ && posted_payloads_ < kPrepostLimit && !waiting_.empty()) {
+    ReceiveKey key = waiting_.front();
+    waiting_.pop_front();
+    auto it = rx_.find(key);
+    if (it == rx_.end() || it->second.posted) continue;
+    post_payload(key, it->second);
+    if (it->second.header && it->second.pieces_left == 0) deliver(key);
+  }
+}
+
+void FabricConnection::finish_close() {
+  if (finished_) return;
+  finished_ = true;
+  // Whatever libfabric still holds is abandoned: its completions find
+  // nothing to call back.
+  for (Op* op : ops_) op->done = nullptr;
+  ops_.clear();
+  for (auto& [key, rx] : rx_) release(rx);
+  rx_.clear();
+  waiting_.clear();
+  if (endpoint_) endpoint_->release_stream(stream_);
+  auto handler = std::move(handler_);
+  if (handler) handler->on_closed(close_reason_);
+}
+
+}  // namespace tally::fabric
