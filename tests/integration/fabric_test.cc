@@ -43,56 +43,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
-using Env = std::map<std::string, std::string>;
-using Clock = std::chrono::steady_clock;
-
-std::chrono::milliseconds since(Clock::time_point t0) {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0);
-}
-
-// A temporary directory, removed with its contents.
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/tally-fabric-test-XXXXXX";
-    if (mkdtemp(tmpl)) path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    if (!path_.empty()) fs::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  bool ok() const { return !path_.empty(); }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
-// A process started from a test, its output in dir/<name>.out and .err.
-struct Child {
-  std::string name;
-  std::string dir;
-  std::optional<bench::Process> process;
-
-  std::string out() const { return read_file(dir + "/" + name + ".out"); }
-  std::string err() const { return read_file(dir + "/" + name + ".err"); }
-  // Waits for the exit (killing at the deadline: nullopt) and gives stdout + stderr.
-  std::optional<int> wait(std::chrono::milliseconds timeout, std::string* output = nullptr) {
-    auto st = process->wait_for(timeout);
-    if (!st) process->terminate(100ms);
-    if (output) *output = out() + err();
-    return st;
-  }
-};
-
-Child spawn_child(const std::string& dir, const std::string& name, const std::string& path,
-                  const Args& args, const Env& env = {}) {
-  Child c{name, dir, std::nullopt};
-  c.process.emplace(spawn_logged(path, dir, name, args, env));
-  return c;
-}
 
 // ---------------------------------------------------------------------------
 // Start-up and connect errors

@@ -106,10 +106,6 @@ class TransportFault : public ::testing::TestWithParam<std::string> {
   }
 };
 
-std::string transport_name(const ::testing::TestParamInfo<std::string>& info) {
-  return info.param == "fabric" ? "Fabric" : "Tcp";
-}
-
 TEST_P(TransportFault, KilledWorkerFailsTheOthersWithinTheDeadline) {
   TALLY_SKIP_UNLESS_TRANSPORT(GetParam());
   TestCluster cluster(pool(2));
