@@ -4,7 +4,6 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
-#include <filesystem>
 #include <sstream>
 #include <string>
 
@@ -16,9 +15,9 @@ namespace {
 using namespace std::chrono_literals;
 
 TEST(Bench, SweepPrintsTheTableWithNoWrongResults) {
-  char tmpl[] = "/tmp/tally-bench-test-XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr);
-  const std::string dir = tmpl;
+  TempDir tmp;
+  ASSERT_TRUE(tmp.ok());
+  const std::string& dir = tmp.path();
   bench::ProcessSpec spec;
   spec.path = TALLY_BENCH_PATH;
   spec.args = {"-W",  "3",      "-r",
@@ -46,16 +45,15 @@ TEST(Bench, SweepPrintsTheTableWithNoWrongResults) {
   EXPECT_TRUE(contains(json, "\"size\": 262144")) << json;
   EXPECT_TRUE(contains(json, "\"wrong\": 0")) << json;
   EXPECT_FALSE(contains(json, "\"wrong\": 1")) << json;
-  std::filesystem::remove_all(dir);
 }
 
 // A local pool of 2 shards x 3 groups: the table is correct and each
 // reducer's bytes per op match the formula (within the few bytes the
 // barrier ops add).
 TEST(Bench, GroupSweepReportsBytesPerReducer) {
-  char tmpl[] = "/tmp/tally-bench-test-XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr);
-  const std::string dir = tmpl;
+  TempDir tmp;
+  ASSERT_TRUE(tmp.ok());
+  const std::string& dir = tmp.path();
   bench::ProcessSpec spec;
   spec.path = TALLY_BENCH_PATH;
   spec.args = {"-W",   "6",  "-r", "2",  "-G", "3",  "-b", "64K",           "-e",
@@ -95,7 +93,6 @@ TEST(Bench, GroupSweepReportsBytesPerReducer) {
     EXPECT_GT(f[1], 0) << line;
   }
   EXPECT_EQ(rows, 2u * 6u) << out;
-  std::filesystem::remove_all(dir);
 }
 
 // Driver mode against a pool that is already running (--pool), as on a
