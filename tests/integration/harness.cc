@@ -16,13 +16,25 @@ namespace tally::testing {
 
 namespace fs = std::filesystem;
 
-TestCluster::TestCluster(const PoolSpec& spec) {
+std::chrono::milliseconds since(Clock::time_point t0) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0);
+}
+
+TempDir::TempDir() {
   char tmpl[] = "/tmp/tally-test-XXXXXX";
-  if (!mkdtemp(tmpl)) {
+  if (mkdtemp(tmpl)) path_ = tmpl;
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  if (!path_.empty()) fs::remove_all(path_, ec);
+}
+
+TestCluster::TestCluster(const PoolSpec& spec) {
+  if (!dir_.ok()) {
     error_ = "mkdtemp failed";
     return;
   }
-  dir_ = tmpl;
   bench::LocalPoolOptions options;
   options.shards = spec.shards;
   options.groups = spec.groups;
@@ -33,7 +45,7 @@ TestCluster::TestCluster(const PoolSpec& spec) {
   if (spec.transport != "tcp") {
     options.extra_args.insert(options.extra_args.end(), {"--transport", spec.transport});
   }
-  options.log_dir = dir_;
+  options.log_dir = dir_.path();
   auto pool = bench::LocalPool::start(options);
   if (!pool) {
     error_ = pool.status().to_string();
@@ -58,17 +70,15 @@ TestCluster::~TestCluster() {
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
   if (info && info->result()->Failed()) {
     for (uint32_t s = 0; s < 64; ++s) {
-      std::string log = read_file(dir_ + "/reducer-" + std::to_string(s) + ".log");
+      std::string log = read_file(dir_.path() + "/reducer-" + std::to_string(s) + ".log");
       if (log.empty()) break;
       std::cerr << "---- reducer " << s << " log ----\n" << log.substr(log.size() > 4000 ? log.size() - 4000 : 0);
     }
   }
-  std::error_code ec;
-  fs::remove_all(dir_, ec);
 }
 
 std::string TestCluster::reducer_log(uint32_t shard) const {
-  return read_file(dir_ + "/reducer-" + std::to_string(shard) + ".log");
+  return read_file(dir_.path() + "/reducer-" + std::to_string(shard) + ".log");
 }
 
 std::map<std::string, std::string> TestCluster::worker_env(const std::string& job, uint32_t rank,
@@ -96,7 +106,7 @@ std::string transport_unavailable(const std::string& transport) {
 
 bench::Process TestCluster::spawn_worker(const std::string& name, const std::vector<std::string>& args,
                                          const std::map<std::string, std::string>& env) {
-  return spawn_logged(TALLY_TEST_WORKER_PATH, dir_, name, args, env);
+  return spawn_logged(TALLY_TEST_WORKER_PATH, dir_.path(), name, args, env);
 }
 
 bench::Process spawn_logged(const std::string& path, const std::string& dir, const std::string& name,
@@ -116,6 +126,24 @@ bench::Process spawn_logged(const std::string& path, const std::string& dir, con
   return std::move(*p);
 }
 
+std::string Child::out() const { return read_file(dir + "/" + name + ".out"); }
+
+std::string Child::err() const { return read_file(dir + "/" + name + ".err"); }
+
+std::optional<int> Child::wait(std::chrono::milliseconds timeout, std::string* output) {
+  auto st = process->wait_for(timeout);
+  if (!st) process->terminate(std::chrono::milliseconds(100));
+  if (output) *output = out() + err();
+  return st;
+}
+
+Child spawn_child(const std::string& dir, const std::string& name, const std::string& path,
+                  const Args& args, const Env& env) {
+  Child c{name, dir, std::nullopt};
+  c.process.emplace(spawn_logged(path, dir, name, args, env));
+  return c;
+}
+
 WorkerOutput run_one(TestCluster& cluster, const std::map<std::string, std::string>& env,
                      std::chrono::milliseconds timeout) {
   WorkerGroup one(cluster, "solo", unique_job("solo"), 1, [](uint32_t) { return Args{"--count", "10"}; }, env);
@@ -123,7 +151,7 @@ WorkerOutput run_one(TestCluster& cluster, const std::map<std::string, std::stri
 }
 
 std::string TestCluster::worker_stdout(const std::string& name) const {
-  return read_file(dir_ + "/" + name + ".out");
+  return read_file(dir_.path() + "/" + name + ".out");
 }
 
 WorkerGroup::WorkerGroup(TestCluster& cluster, const std::string& prefix, const std::string& job,
@@ -169,6 +197,10 @@ bool eventually(const std::function<bool()>& pred, std::chrono::milliseconds tim
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   return pred();
+}
+
+std::string transport_name(const ::testing::TestParamInfo<std::string>& info) {
+  return info.param == "fabric" ? "Fabric" : "Tcp";
 }
 
 std::string unique_job(const std::string& hint) {

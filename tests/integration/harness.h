@@ -3,6 +3,8 @@
 // each process's output kept in the test's temporary directory.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <chrono>
 #include <functional>
 #include <map>
@@ -16,6 +18,27 @@
 #include "tally/bench/process.h"
 
 namespace tally::testing {
+
+using Args = std::vector<std::string>;
+using Env = std::map<std::string, std::string>;
+using Clock = std::chrono::steady_clock;
+
+// Milliseconds from `t0` to now.
+std::chrono::milliseconds since(Clock::time_point t0);
+
+// A temporary directory, removed with its contents.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  bool ok() const { return !path_.empty(); }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
 
 struct PoolSpec {
   uint32_t shards = 1;
@@ -58,7 +81,7 @@ class TestCluster {
   }
   std::string reducer_log(uint32_t index) const;
   uint32_t groups() const { return groups_; }
-  const std::string& dir() const { return dir_; }
+  const std::string& dir() const { return dir_.path(); }
 
   // Environment for rank `rank` of a `world`-sized job on this pool.
   std::map<std::string, std::string> worker_env(const std::string& job, uint32_t rank,
@@ -69,15 +92,13 @@ class TestCluster {
   std::string worker_stdout(const std::string& name) const;
 
  private:
-  std::string dir_;
+  TempDir dir_;
   std::string error_;
   std::string transport_;
   uint32_t groups_ = 1;
   std::set<uint32_t> killed_;
   std::unique_ptr<bench::LocalPool> pool_;
 };
-
-using Args = std::vector<std::string>;
 
 // Ranks 0..world-1 of one job, as tally-test-worker processes named
 // "<prefix><rank>": each gets args_for(rank) and the job's environment with
@@ -111,6 +132,22 @@ bench::Process spawn_logged(const std::string& path, const std::string& dir, con
                             const std::vector<std::string>& args,
                             const std::map<std::string, std::string>& env);
 
+// A process started from a test, its output in dir/<name>.out and .err.
+struct Child {
+  std::string name;
+  std::string dir;
+  std::optional<bench::Process> process;
+
+  std::string out() const;
+  std::string err() const;
+  // Waits for the exit (killing at the deadline: nullopt) and gives stdout + stderr.
+  std::optional<int> wait(std::chrono::milliseconds timeout, std::string* output = nullptr);
+};
+
+// Starts `path` as a Child (through spawn_logged).
+Child spawn_child(const std::string& dir, const std::string& name, const std::string& path,
+                  const Args& args, const Env& env = {});
+
 // Waits for a process; kills it at the deadline.
 WorkerOutput wait_worker(bench::Process& p, const TestCluster& cluster, const std::string& name,
                          std::chrono::milliseconds timeout);
@@ -126,6 +163,9 @@ std::string transport_unavailable(const std::string& transport);
     const std::string tally_why_ = ::tally::testing::transport_unavailable(transport); \
     if (!tally_why_.empty()) GTEST_SKIP() << tally_why_;                         \
   } while (0)
+
+// "Tcp" or "Fabric": the name of a case parametrised over the transport.
+std::string transport_name(const ::testing::TestParamInfo<std::string>& info);
 
 // A job name unique to this test and process.
 std::string unique_job(const std::string& hint);

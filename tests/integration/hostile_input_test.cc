@@ -1,0 +1,219 @@
+// Hostile input on a reducer's TCP stream, sent by a raw peer: garbage and
+// hostile frames, a stalled or silent peer, another protocol version, a huge
+// world size. Each closes only that connection, with the reason logged, and
+// the reducer serves everyone else. (The same on the fabric data path is in
+// fabric_test.cc.)
+#include <gtest/gtest.h>
+
+#include <boost/asio/connect.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/read.hpp>
+#include <boost/asio/write.hpp>
+#include <chrono>
+#include <exception>
+#include <span>
+#include <string>
+#include <thread>
+
+#include "harness.h"
+#include "tally.pb.h"
+#include "tally/protocol/frame.h"
+#include "tally/protocol/tcp_transport.h"
+
+namespace tally::testing {
+namespace {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+using namespace std::chrono_literals;
+
+// A raw TCP peer speaking (or not speaking) the protocol to a reducer.
+class RawPeer {
+ public:
+  explicit RawPeer(const std::string& address) : socket_(io_) {
+    auto hp = parse_host_port(address);
+    tcp::resolver resolver(io_);
+    asio::connect(socket_, resolver.resolve(hp->host, std::to_string(hp->port)));
+  }
+  void send(const void* data, size_t n) { asio::write(socket_, asio::buffer(data, n)); }
+  void send_frame(const FrameHeader& h, const std::string& payload) {
+    auto bytes = encode_header(h);
+    send(bytes.data(), bytes.size());
+    if (!payload.empty()) send(payload.data(), payload.size());
+  }
+  void send_control(const wire::Control& message) {
+    std::string payload = message.SerializeAsString();
+    FrameHeader h;
+    h.kind = FrameKind::kControl;
+    h.length = payload.size();
+    send_frame(h, payload);
+  }
+  // Reads until the reducer closes the stream or `timeout` passes; returns
+  // whether it closed, and what it sent in `received`.
+  bool closed_within(std::chrono::milliseconds timeout, std::string* received = nullptr) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    socket_.non_blocking(true);
+    char buf[4096];
+    while (std::chrono::steady_clock::now() < deadline) {
+      boost::system::error_code ec;
+      size_t n = socket_.read_some(asio::buffer(buf), ec);
+      if (ec == asio::error::would_block) {
+        std::this_thread::sleep_for(5ms);
+        continue;
+      }
+      if (ec) return true;  // eof or reset
+      if (received) received->append(buf, n);
+    }
+    return false;
+  }
+
+ private:
+  asio::io_context io_;
+  tcp::socket socket_;
+};
+
+wire::Control hello(const std::string& job, uint32_t rank, uint32_t world,
+                    uint32_t version = kProtocolVersion) {
+  wire::Control m;
+  auto* h = m.mutable_hello();
+  h->set_protocol_version(version);
+  h->set_job(job);
+  h->set_rank(rank);
+  h->set_world_size(world);
+  h->set_op_timeout_ms(5000);
+  return m;
+}
+
+TEST(Fault, GarbageAndHostileFramesCloseOnlyThatConnection) {
+  PoolSpec spec;
+  spec.reducer_args.insert(spec.reducer_args.end(), {"--peer-timeout-ms", "800", "--heartbeat-ms",
+                                                     "200", "--hello-timeout-ms", "1500"});
+  TestCluster cluster(spec);
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  const std::string address = cluster.addresses()[0];
+
+  // A stalled peer that sends half a header is dropped by the peer timeout.
+  RawPeer stalled(address);
+  stalled.send("TALY", 4);
+  // A peer that keeps sending heartbeats but never says hello is dropped by
+  // the hello timeout.
+  RawPeer silent(address);
+  std::thread heartbeats([&] {
+    wire::Control hb;
+    hb.mutable_heartbeat()->set_sequence(1);
+    for (int i = 0; i < 12; ++i) {
+      try {
+        silent.send_control(hb);
+      } catch (const std::exception&) {
+        return;  // closed by the reducer, as expected
+      }
+      std::this_thread::sleep_for(200ms);
+    }
+  });
+
+  {  // Plain garbage.
+    RawPeer peer(address);
+    std::string junk(64, 'A');
+    peer.send(junk.data(), junk.size());
+    EXPECT_TRUE(peer.closed_within(5s));
+  }
+  {  // A control frame claiming 1 GiB.
+    RawPeer peer(address);
+    FrameHeader h;
+    h.kind = FrameKind::kControl;
+    h.length = 1ull << 30;
+    peer.send_frame(h, "");
+    EXPECT_TRUE(peer.closed_within(5s));
+  }
+  {  // A control frame whose payload is not protobuf.
+    RawPeer peer(address);
+    FrameHeader h;
+    h.kind = FrameKind::kControl;
+    h.length = 16;
+    peer.send_frame(h, std::string(16, '\xff'));
+    EXPECT_TRUE(peer.closed_within(5s));
+  }
+  {  // Data before hello.
+    RawPeer peer(address);
+    FrameHeader h;
+    h.kind = FrameKind::kContribution;
+    h.count = 16;
+    h.length = 64;
+    peer.send_frame(h, std::string(64, '\0'));
+    EXPECT_TRUE(peer.closed_within(5s));
+  }
+  {  // Hello, then a contribution that claims another rank, larger than the buffers.
+    RawPeer peer(address);
+    const std::string job = unique_job("hostile");
+    peer.send_control(hello(job, 0, 2));
+    FrameHeader h;
+    h.kind = FrameKind::kContribution;
+    h.job = job_id(job);
+    h.rank = 1;
+    h.count = 1u << 20;
+    h.length = 1u << 20;
+    peer.send_frame(h, "");
+    EXPECT_TRUE(peer.closed_within(5s));
+  }
+  EXPECT_TRUE(stalled.closed_within(5s));
+  heartbeats.join();
+  EXPECT_TRUE(silent.closed_within(5s));
+  // The daemon is up and serves everyone else.
+  EXPECT_FALSE(cluster.reducer(0).wait_for(0ms).has_value());
+  expect_allreduce_works(cluster, 2, "after-garbage");
+  const std::string log = cluster.reducer_log(0);
+  EXPECT_TRUE(contains(log, "bad frame magic")) << log;
+  EXPECT_TRUE(contains(log, "exceeds the limit")) << log;
+  EXPECT_TRUE(contains(log, "malformed control message")) << log;
+  EXPECT_TRUE(contains(log, "before its hello")) << log;
+  EXPECT_TRUE(contains(log, "no data or heartbeat")) << log;
+  EXPECT_TRUE(contains(log, "no hello from")) << log;
+}
+
+TEST(Fault, OtherProtocolVersionGetsAClearError) {
+  TestCluster cluster(PoolSpec{});
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  {  // Version 2 in the Hello: the reducer answers with an Error, then closes.
+    RawPeer peer(cluster.addresses()[0]);
+    peer.send_control(hello(unique_job("v2"), 0, 1, 2));
+    std::string received;
+    EXPECT_TRUE(peer.closed_within(5s, &received));
+    ASSERT_GE(received.size(), kFrameHeaderBytes);
+    auto h =
+        decode_header(std::span<const std::byte, kFrameHeaderBytes>(
+                          reinterpret_cast<const std::byte*>(received.data()), kFrameHeaderBytes),
+                      FrameLimits{});
+    ASSERT_TRUE(h) << h.status().to_string();
+    wire::Control reply;
+    ASSERT_TRUE(
+        reply.ParseFromArray(received.data() + kFrameHeaderBytes, static_cast<int>(h->length)));
+    ASSERT_TRUE(reply.has_error());
+    EXPECT_EQ(reply.error().code(), wire::VERSION_MISMATCH);
+    EXPECT_TRUE(contains(reply.error().message(), "version 2")) << reply.error().message();
+  }
+  {  // Version 2 in the frame header itself.
+    RawPeer peer(cluster.addresses()[0]);
+    auto bytes = encode_header(FrameHeader{});
+    bytes[4] = std::byte{2};
+    peer.send(bytes.data(), bytes.size());
+    EXPECT_TRUE(peer.closed_within(5s));
+  }
+  EXPECT_TRUE(contains(cluster.reducer_log(0), "protocol version 2")) << cluster.reducer_log(0);
+}
+
+// A Hello is untrusted: a huge world size must be refused, not allocated.
+TEST(Fault, HugeWorldSizeIsRefused) {
+  TestCluster cluster(PoolSpec{});
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  RawPeer peer(cluster.addresses()[0]);
+  peer.send_control(hello(unique_job("huge"), 0, 4294967295u));
+  std::string received;
+  EXPECT_TRUE(peer.closed_within(5s, &received));
+  EXPECT_TRUE(contains(received, "exceeds this reducer's maximum")) << received;
+  EXPECT_FALSE(cluster.reducer(0).wait_for(0ms).has_value());
+  expect_allreduce_works(cluster, 2, "after-huge");
+}
+
+}  // namespace
+}  // namespace tally::testing

@@ -1,0 +1,64 @@
+// A pool reached off loopback: two network namespaces joined by a veth pair,
+// made and removed with iproute2's `ip`, and processes started inside them.
+// Needs root and `ip`; NetnsPair::create says why it cannot run otherwise.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "harness.h"
+
+namespace tally::testing {
+
+struct Command {
+  std::optional<int> status;  // nullopt: killed at the deadline
+  std::string output;         // stdout and stderr
+  bool ok() const { return status == 0; }
+};
+
+// Two namespaces, a and b, joined by a veth pair with 10.231.<n>.1/24 in a
+// and .2/24 in b, links (and loopback) up. Everything is removed on
+// destruction: the namespaces, and with them the veth pair, once the
+// processes started in them have exited (destroy those first).
+class NetnsPair {
+ public:
+  // Sets `skip` (this machine cannot do it: not root, no ip, no namespaces
+  // or veth) or `error` (a later step failed) and returns null on failure.
+  static std::unique_ptr<NetnsPair> create(std::string* skip, std::string* error);
+
+  ~NetnsPair();
+
+  const std::string& ns_a() const { return ns_a_; }
+  const std::string& ns_b() const { return ns_b_; }
+  const std::string& ip_a() const { return ip_a_; }
+  const std::string& ip_b() const { return ip_b_; }
+  const std::string& dir() const { return dir_.path(); }
+
+  // Runs `ip args...` to completion (10 s at most).
+  Command ip(const Args& args) const;
+
+  // Starts `path args...` inside namespace `ns` (ip netns exec, which execs
+  // in place: the child's pid is the program's).
+  Child spawn_in(const std::string& ns, const std::string& name, const std::string& path,
+                 const Args& args, const Env& env = {}) const;
+
+  // Takes b's end of the link down (or up again): packets between the
+  // namespaces are dropped silently, as on a cut cable.
+  Command set_link_b(bool up) const;
+
+  // Whether `ip netns list` shows `ns`.
+  static bool listed(const std::string& ns);
+
+ private:
+  explicit NetnsPair(std::string ip) : ip_(std::move(ip)) {}
+
+  std::string ip_;
+  TempDir dir_;
+  std::string ns_a_, ns_b_, veth_a_, veth_b_, ip_a_, ip_b_;
+  std::vector<std::string> created_;
+};
+
+}  // namespace tally::testing
