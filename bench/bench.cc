@@ -12,13 +12,13 @@
 // (a one-element all-reduce) while it does, and prints the payload bytes
 // each reducer received and sent per op, from workers and from the other
 // replicas, beside the formula's values.
-#include <CLI/CLI.hpp>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cinttypes>
@@ -50,7 +50,8 @@ struct SweepOptions {
   std::string redop = "sum";
   std::string json_path;
   bool check = true;
-  std::vector<std::string> reducer_stats;  // counters files, by reducer index ((group, shard) order)
+  std::vector<std::string>
+      reducer_stats;  // counters files, by reducer index ((group, shard) order)
 };
 
 // How long rank 0 waits, with every rank at a barrier, before reading the
@@ -122,7 +123,8 @@ int run_worker(const SweepOptions& sweep) {
                   client.shards() * client.groups());
     return 2;
   }
-  const std::vector<uint32_t> group_sizes = default_group_sizes(client.world_size(), client.groups());
+  const std::vector<uint32_t> group_sizes =
+      default_group_sizes(client.world_size(), client.groups());
   // Every rank takes part; rank 0 reads the counters while the others wait.
   double barrier_value = 0;
   auto barrier = [&] { return client.allreduce(&barrier_value, 1, DType::kFloat64, RedOp::kSum); };
@@ -136,12 +138,14 @@ int run_worker(const SweepOptions& sweep) {
   std::vector<Row> rows;
   if (leader) {
     std::printf("# tally-bench %s (%s) transport=%s W=%u S=%u G=%u chunk=%s\n", TALLY_VERSION,
-                TALLY_GIT_SHA, options->transport.c_str(), client.world_size(), client.shards(), client.groups(),
-                human_bytes(options->chunk_bytes).c_str());
-    std::printf("# reduction server: every worker sends and receives the buffer once, so busbw = algbw\n");
-    std::printf("# warm-up %d, timed %d iterations; time is the mean over ranks; #wrong is checked "
-                "outside the timed loop\n#\n",
-                sweep.warmup, sweep.iters);
+                TALLY_GIT_SHA, options->transport.c_str(), client.world_size(), client.shards(),
+                client.groups(), human_bytes(options->chunk_bytes).c_str());
+    std::printf(
+        "# reduction server: every worker sends and receives the buffer once, so busbw = algbw\n");
+    std::printf(
+        "# warm-up %d, timed %d iterations; time is the mean over ranks; #wrong is checked "
+        "outside the timed loop\n#\n",
+        sweep.warmup, sweep.iters);
     std::printf("# %10s %12s %8s %6s %10s %12s %12s %8s\n", "size", "count", "type", "redop",
                 "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
     std::fflush(stdout);
@@ -155,14 +159,24 @@ int run_worker(const SweepOptions& sweep) {
     size_t wrong = 0;
     if (sweep.check) {
       switch (*dtype) {
-        case DType::kFloat32: wrong = run_check(client, static_cast<float*>(mem), count, *dtype, *redop, status); break;
-        case DType::kFloat64: wrong = run_check(client, static_cast<double*>(mem), count, *dtype, *redop, status); break;
-        case DType::kInt32: wrong = run_check(client, static_cast<int32_t*>(mem), count, *dtype, *redop, status); break;
-        case DType::kInt64: wrong = run_check(client, static_cast<int64_t*>(mem), count, *dtype, *redop, status); break;
-        default: status = Status(ErrorCode::kUnimplemented, "bench cannot check " + sweep.dtype);
+        case DType::kFloat32:
+          wrong = run_check(client, static_cast<float*>(mem), count, *dtype, *redop, status);
+          break;
+        case DType::kFloat64:
+          wrong = run_check(client, static_cast<double*>(mem), count, *dtype, *redop, status);
+          break;
+        case DType::kInt32:
+          wrong = run_check(client, static_cast<int32_t*>(mem), count, *dtype, *redop, status);
+          break;
+        case DType::kInt64:
+          wrong = run_check(client, static_cast<int64_t*>(mem), count, *dtype, *redop, status);
+          break;
+        default:
+          status = Status(ErrorCode::kUnimplemented, "bench cannot check " + sweep.dtype);
       }
     }
-    for (int i = 0; status && i < sweep.warmup; ++i) status = client.allreduce(mem, count, *dtype, *redop);
+    for (int i = 0; status && i < sweep.warmup; ++i)
+      status = client.allreduce(mem, count, *dtype, *redop);
     std::vector<Counters> before;
     if (measure && status) {
       status = barrier();
@@ -170,14 +184,17 @@ int run_worker(const SweepOptions& sweep) {
       if (status) status = barrier();
     }
     const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; status && i < sweep.iters; ++i) status = client.allreduce(mem, count, *dtype, *redop);
+    for (int i = 0; status && i < sweep.iters; ++i)
+      status = client.allreduce(mem, count, *dtype, *redop);
     const auto t1 = std::chrono::steady_clock::now();
     if (!status) {
-      spdlog::error("rank {}: all-reduce of {} bytes failed: {}", client.rank(), bytes, status.to_string());
+      spdlog::error("rank {}: all-reduce of {} bytes failed: {}", client.rank(), bytes,
+                    status.to_string());
       return 1;
     }
-    double stats[2] = {std::chrono::duration<double, std::micro>(t1 - t0).count() / std::max(1, sweep.iters),
-                       static_cast<double>(wrong)};
+    double stats[2] = {
+        std::chrono::duration<double, std::micro>(t1 - t0).count() / std::max(1, sweep.iters),
+        static_cast<double>(wrong)};
     status = client.allreduce(stats, 2, DType::kFloat64, RedOp::kSum);
     std::vector<Counters> after;
     if (measure && status) {
@@ -225,21 +242,22 @@ int run_worker(const SweepOptions& sweep) {
     std::printf("# Out of bounds values : %s\n", exit_code == 0 ? "0 OK" : "FAILED");
     std::printf("# Avg bus bandwidth    : %.3f\n#\n", avg);
     if (measure) {
-      std::printf("# Payload bytes per op at each reducer (shard s, group g; w = workers of the group), "
-                  "measured from its counters over the timed loop,\n"
-                  "# and the formula's: workers w x N_s each way (N_s: shard s's bytes of the tensor); "
-                  "replicas 2(P-1)/P x N_s each way\n"
-                  "# (P: largest power of two <= groups with workers; +N_s for a replica paired with an "
-                  "extra; an extra sends and receives N_s)\n");
-      std::printf("# %10s %3s %3s %3s %12s %12s %12s %12s | %12s %12s %12s\n", "size", "s", "g", "w",
-                  "worker-in", "worker-out", "replica-in", "replica-out", "f:worker", "f:replica-in",
-                  "f:replica-out");
+      std::printf(
+          "# Payload bytes per op at each reducer (shard s, group g; w = workers of the group), "
+          "measured from its counters over the timed loop,\n"
+          "# and the formula's: workers w x N_s each way (N_s: shard s's bytes of the tensor); "
+          "replicas 2(P-1)/P x N_s each way\n"
+          "# (P: largest power of two <= groups with workers; +N_s for a replica paired with an "
+          "extra; an extra sends and receives N_s)\n");
+      std::printf("# %10s %3s %3s %3s %12s %12s %12s %12s | %12s %12s %12s\n", "size", "s", "g",
+                  "w", "worker-in", "worker-out", "replica-in", "replica-out", "f:worker",
+                  "f:replica-in", "f:replica-out");
       for (const Row& r : rows) {
         for (const ReducerRow& rr : r.reducers) {
-          std::printf("  %10zu %3u %3u %3u %12.0f %12.0f %12.0f %12.0f | %12.0f %12.0f %12.0f\n", r.bytes,
-                      rr.shard, rr.group, group_sizes[rr.group], rr.measured.worker_in, rr.measured.worker_out,
-                      rr.measured.replica_in, rr.measured.replica_out, rr.expected.worker,
-                      rr.expected.replica_in, rr.expected.replica_out);
+          std::printf("  %10zu %3u %3u %3u %12.0f %12.0f %12.0f %12.0f | %12.0f %12.0f %12.0f\n",
+                      r.bytes, rr.shard, rr.group, group_sizes[rr.group], rr.measured.worker_in,
+                      rr.measured.worker_out, rr.measured.replica_in, rr.measured.replica_out,
+                      rr.expected.worker, rr.expected.replica_in, rr.expected.replica_out);
         }
       }
       std::printf("#\n");
@@ -247,30 +265,34 @@ int run_worker(const SweepOptions& sweep) {
     if (!sweep.json_path.empty()) {
       std::ofstream out(sweep.json_path);
       out << "{\n  \"tool\": \"tally-bench\",\n  \"version\": \"" << TALLY_VERSION
-          << "\",\n  \"git\": \"" << TALLY_GIT_SHA << "\",\n  \"transport\": \"" << options->transport << "\",\n"
+          << "\",\n  \"git\": \"" << TALLY_GIT_SHA << "\",\n  \"transport\": \""
+          << options->transport << "\",\n"
           << "  \"workers\": " << client.world_size() << ",\n  \"shards\": " << client.shards()
-          << ",\n  \"groups\": " << client.groups() << ",\n  \"chunk_bytes\": " << options->chunk_bytes
+          << ",\n  \"groups\": " << client.groups()
+          << ",\n  \"chunk_bytes\": " << options->chunk_bytes
           << ",\n  \"busbw_factor\": 1.0,\n  \"rows\": [\n";
       for (size_t i = 0; i < rows.size(); ++i) {
         const Row& r = rows[i];
         char line[512];
-        std::snprintf(line, sizeof(line),
-                      "    {\"size\": %zu, \"count\": %zu, \"type\": \"%s\", \"redop\": \"%s\", "
-                      "\"time_us\": %.3f, \"algbw_gbps\": %.6f, \"busbw_gbps\": %.6f, \"wrong\": %.0f",
-                      r.bytes, r.count, std::string(dtype_name(*dtype)).c_str(),
-                      std::string(redop_name(*redop)).c_str(), r.time_us, r.algbw, r.algbw, r.wrong);
+        std::snprintf(
+            line, sizeof(line),
+            "    {\"size\": %zu, \"count\": %zu, \"type\": \"%s\", \"redop\": \"%s\", "
+            "\"time_us\": %.3f, \"algbw_gbps\": %.6f, \"busbw_gbps\": %.6f, \"wrong\": %.0f",
+            r.bytes, r.count, std::string(dtype_name(*dtype)).c_str(),
+            std::string(redop_name(*redop)).c_str(), r.time_us, r.algbw, r.algbw, r.wrong);
         out << line;
         if (!r.reducers.empty()) {
           out << ", \"reducers\": [";
           for (size_t j = 0; j < r.reducers.size(); ++j) {
             const ReducerRow& rr = r.reducers[j];
-            std::snprintf(line, sizeof(line),
-                          "%s{\"shard\": %u, \"group\": %u, \"worker_in\": %.0f, \"worker_out\": %.0f, "
-                          "\"replica_in\": %.0f, \"replica_out\": %.0f, \"expected_worker\": %.0f, "
-                          "\"expected_replica_in\": %.0f, \"expected_replica_out\": %.0f}",
-                          j ? ", " : "", rr.shard, rr.group, rr.measured.worker_in, rr.measured.worker_out,
-                          rr.measured.replica_in, rr.measured.replica_out, rr.expected.worker,
-                          rr.expected.replica_in, rr.expected.replica_out);
+            std::snprintf(
+                line, sizeof(line),
+                "%s{\"shard\": %u, \"group\": %u, \"worker_in\": %.0f, \"worker_out\": %.0f, "
+                "\"replica_in\": %.0f, \"replica_out\": %.0f, \"expected_worker\": %.0f, "
+                "\"expected_replica_in\": %.0f, \"expected_replica_out\": %.0f}",
+                j ? ", " : "", rr.shard, rr.group, rr.measured.worker_in, rr.measured.worker_out,
+                rr.measured.replica_in, rr.measured.replica_out, rr.expected.worker,
+                rr.expected.replica_in, rr.expected.replica_out);
             out << line;
           }
           out << "]";
@@ -287,7 +309,6 @@ int run_worker(const SweepOptions& sweep) {
   munmap(mem, capacity);
   return exit_code;
 }
-
 
 // One transport's sweep from the driver: W worker processes against the
 // pool, and the CPU the reducers and the workers spent on it.
@@ -337,18 +358,33 @@ int run_phase(const Phase& phase, const PhaseOptions& options) {
   const SweepOptions& sweep = options.sweep;
   const uint32_t workers = options.workers;
   LocalPool* local = options.local;
-  std::vector<std::string> args{"--worker", "-b", std::to_string(sweep.min_bytes), "-e",
-                                std::to_string(sweep.max_bytes), "-f", std::to_string(sweep.factor),
-                                "-w", std::to_string(sweep.warmup), "-n", std::to_string(sweep.iters),
-                                "-d", sweep.dtype, "-o", sweep.redop, "-c", sweep.check ? "1" : "0",
-                                "--log-level", options.log_level};
+  std::vector<std::string> args{"--worker",
+                                "-b",
+                                std::to_string(sweep.min_bytes),
+                                "-e",
+                                std::to_string(sweep.max_bytes),
+                                "-f",
+                                std::to_string(sweep.factor),
+                                "-w",
+                                std::to_string(sweep.warmup),
+                                "-n",
+                                std::to_string(sweep.iters),
+                                "-d",
+                                sweep.dtype,
+                                "-o",
+                                sweep.redop,
+                                "-c",
+                                sweep.check ? "1" : "0",
+                                "--log-level",
+                                options.log_level};
   if (!phase.json_path.empty()) {
     args.push_back("--json");
     args.push_back(phase.json_path);
   }
   if (local) {
     std::string paths;
-    for (uint32_t i = 0; i < local->addresses().size(); ++i) paths += (i ? "," : "") + local->stats_path(i);
+    for (uint32_t i = 0; i < local->addresses().size(); ++i)
+      paths += (i ? "," : "") + local->stats_path(i);
     args.push_back("--reducer-stats");
     args.push_back(paths);
   }
@@ -377,7 +413,8 @@ int run_phase(const Phase& phase, const PhaseOptions& options) {
                 {"TALLY_CHUNK_BYTES", std::to_string(options.chunk_bytes)},
                 {"TALLY_OP_TIMEOUT_MS", std::to_string(options.op_timeout_ms)},
                 {"TALLY_TRANSPORT", phase.transport}};
-    if (!options.fabric_provider.empty()) spec.env["TALLY_FABRIC_PROVIDER"] = options.fabric_provider;
+    if (!options.fabric_provider.empty())
+      spec.env["TALLY_FABRIC_PROVIDER"] = options.fabric_provider;
     auto p = Process::spawn(spec);
     if (!p) {
       spdlog::error("{}", p.status().to_string());
@@ -415,11 +452,14 @@ int run_phase(const Phase& phase, const PhaseOptions& options) {
   const auto reducers_after = reducer_cpu();
   if (reducers_before && reducers_after) {
     const double rc = *reducers_after - *reducers_before;
-    std::printf("# cpu transport=%s: reducers %.2f s = %.2f s/GB received, workers %.2f s = %.2f s/GB sent (%.2f GB)\n#\n",
-                phase.transport.c_str(), rc, rc / gb, worker_cpu, worker_cpu / gb, gb);
+    std::printf(
+        "# cpu transport=%s: reducers %.2f s = %.2f s/GB received, workers %.2f s = %.2f s/GB sent "
+        "(%.2f GB)\n#\n",
+        phase.transport.c_str(), rc, rc / gb, worker_cpu, worker_cpu / gb, gb);
   } else {
-    std::printf("# cpu transport=%s: workers %.2f s = %.2f s/GB sent (%.2f GB); reducers not local\n#\n",
-                phase.transport.c_str(), worker_cpu, worker_cpu / gb, gb);
+    std::printf(
+        "# cpu transport=%s: workers %.2f s = %.2f s/GB sent (%.2f GB); reducers not local\n#\n",
+        phase.transport.c_str(), worker_cpu, worker_cpu / gb, gb);
   }
   std::fflush(stdout);
   return result;
@@ -448,36 +488,64 @@ int main(int argc, char** argv) {
   std::string fabric_provider;
 
   CLI::App app{"tally-bench: all-reduce bandwidth sweeps through a tally reducer pool"};
-  app.add_option("-b,--minbytes", sweep.min_bytes, "smallest size")->transform(CLI::AsSizeValue(false))->capture_default_str();
-  app.add_option("-e,--maxbytes", sweep.max_bytes, "largest size")->transform(CLI::AsSizeValue(false))->capture_default_str();
-  app.add_option("-f,--stepfactor", sweep.factor, "multiply the size by this each step (1: add one byte)")->capture_default_str();
-  app.add_option("-w,--warmup_iters", sweep.warmup, "untimed iterations per size")->capture_default_str()->check(CLI::Range(0, 100000));
-  app.add_option("-n,--iters", sweep.iters, "timed iterations per size")->capture_default_str()->check(CLI::Range(1, 1000000));
-  app.add_option("-d,--datatype", sweep.dtype, "float, double, int32, int64")->capture_default_str();
+  app.add_option("-b,--minbytes", sweep.min_bytes, "smallest size")
+      ->transform(CLI::AsSizeValue(false))
+      ->capture_default_str();
+  app.add_option("-e,--maxbytes", sweep.max_bytes, "largest size")
+      ->transform(CLI::AsSizeValue(false))
+      ->capture_default_str();
+  app.add_option("-f,--stepfactor", sweep.factor,
+                 "multiply the size by this each step (1: add one byte)")
+      ->capture_default_str();
+  app.add_option("-w,--warmup_iters", sweep.warmup, "untimed iterations per size")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 100000));
+  app.add_option("-n,--iters", sweep.iters, "timed iterations per size")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000000));
+  app.add_option("-d,--datatype", sweep.dtype, "float, double, int32, int64")
+      ->capture_default_str();
   app.add_option("-o,--op", sweep.redop, "sum or avg")->capture_default_str();
   app.add_option("-c,--check", sweep.check, "check results (1) or not (0)")->capture_default_str();
   app.add_option("--json", sweep.json_path, "also write the table as JSON here");
-  app.add_option("--pool", pool, "use this pool (host:port,... in (group, shard) order) instead of a local one");
-  app.add_option("-r,-S,--reducers,--shards", reducers, "shards of the local pool (reducers per group)")
-      ->capture_default_str()->check(CLI::Range(1, 256));
-  app.add_option("-G,--groups", groups, "replica groups of the pool (the local one has shards x groups reducers)")
-      ->capture_default_str()->check(CLI::Range(1, 64));
-  app.add_option("--reducer-stats", sweep.reducer_stats,
-                 "worker mode: reducers' --stats-file paths in (group, shard) order (the driver sets it)")
+  app.add_option("--pool", pool,
+                 "use this pool (host:port,... in (group, shard) order) instead of a local one");
+  app.add_option("-r,-S,--reducers,--shards", reducers,
+                 "shards of the local pool (reducers per group)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 256));
+  app.add_option("-G,--groups", groups,
+                 "replica groups of the pool (the local one has shards x groups reducers)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
+  app.add_option(
+         "--reducer-stats", sweep.reducer_stats,
+         "worker mode: reducers' --stats-file paths in (group, shard) order (the driver sets it)")
       ->delimiter(',');
-  app.add_option("-W,--workers", workers, "worker processes to start")->capture_default_str()->check(CLI::Range(1, 1024));
-  app.add_option("--chunk-bytes", chunk_bytes, "chunk size")->transform(CLI::AsSizeValue(false))->capture_default_str();
-  app.add_option("--io-threads", io_threads, "I/O threads per local reducer")->capture_default_str();
-  app.add_option("--memory-budget", memory_budget, "chunk memory per local reducer")->transform(CLI::AsSizeValue(false))->capture_default_str();
-  app.add_option("--op-timeout-ms", op_timeout_ms, "reducers fail an op not complete by then")->capture_default_str();
+  app.add_option("-W,--workers", workers, "worker processes to start")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
+  app.add_option("--chunk-bytes", chunk_bytes, "chunk size")
+      ->transform(CLI::AsSizeValue(false))
+      ->capture_default_str();
+  app.add_option("--io-threads", io_threads, "I/O threads per local reducer")
+      ->capture_default_str();
+  app.add_option("--memory-budget", memory_budget, "chunk memory per local reducer")
+      ->transform(CLI::AsSizeValue(false))
+      ->capture_default_str();
+  app.add_option("--op-timeout-ms", op_timeout_ms, "reducers fail an op not complete by then")
+      ->capture_default_str();
   app.add_option("--timeout-s", timeout_s, "the whole run's deadline")->capture_default_str();
   app.add_option("--transport", transport_list,
                  "tcp, fabric, or tcp,fabric to run both side by side against one pool")
       ->capture_default_str();
-  app.add_option("--fabric-provider", fabric_provider, "libfabric provider (default: the reducers' and workers' own)");
+  app.add_option("--fabric-provider", fabric_provider,
+                 "libfabric provider (default: the reducers' and workers' own)");
   app.add_option("--job", job, "job name (default: bench-<pid>)");
-  app.add_option("--log-level", log_level, "log level of bench and local reducers")->capture_default_str();
-  app.add_flag("--worker", worker, "run as one rank, configured by TALLY_* (used by the driver and by launchers)");
+  app.add_option("--log-level", log_level, "log level of bench and local reducers")
+      ->capture_default_str();
+  app.add_flag("--worker", worker,
+               "run as one rank, configured by TALLY_* (used by the driver and by launchers)");
   CLI11_PARSE(app, argc, argv);
 
   spdlog::set_default_logger(spdlog::stderr_color_mt("tally-bench"));
@@ -499,7 +567,8 @@ int main(int argc, char** argv) {
     if (comma == std::string_view::npos) break;
     rest.remove_prefix(comma + 1);
   }
-  const bool any_fabric = std::find(transports.begin(), transports.end(), "fabric") != transports.end();
+  const bool any_fabric =
+      std::find(transports.begin(), transports.end(), "fabric") != transports.end();
 
   std::unique_ptr<LocalPool> local;
   if (pool.empty()) {
@@ -515,12 +584,14 @@ int main(int argc, char** argv) {
     const size_t receives = butterfly_max_receives(groups);
     const size_t per_job = 8 * (1 + 2 * receives) + 2;
     const size_t budget = std::max(memory_budget, std::max<size_t>(32, 3 * per_job) * max_chunk);
-    lo.extra_args = {"--io-threads", std::to_string(io_threads), "--memory-budget",
-                     std::to_string(budget), "--log-level", log_level,
+    lo.extra_args = {"--io-threads",      std::to_string(io_threads),
+                     "--memory-budget",   std::to_string(budget),
+                     "--log-level",       log_level,
                      "--max-chunk-bytes", std::to_string(max_chunk)};
     // A fabric pool serves tcp workers too: one pool for a side-by-side run.
     if (any_fabric) lo.extra_args.insert(lo.extra_args.end(), {"--transport", "fabric"});
-    if (!fabric_provider.empty()) lo.extra_args.insert(lo.extra_args.end(), {"--fabric-provider", fabric_provider});
+    if (!fabric_provider.empty())
+      lo.extra_args.insert(lo.extra_args.end(), {"--fabric-provider", fabric_provider});
     auto started = LocalPool::start(lo);
     if (!started) {
       spdlog::error("cannot start the local pool: {}", started.status().to_string());
@@ -549,7 +620,8 @@ int main(int argc, char** argv) {
     phase.json_path = sweep.json_path;
     if (transports.size() > 1 && !phase.json_path.empty()) {
       const auto dot = phase.json_path.rfind('.');
-      phase.json_path.insert(dot == std::string::npos ? phase.json_path.size() : dot, "." + transport);
+      phase.json_path.insert(dot == std::string::npos ? phase.json_path.size() : dot,
+                             "." + transport);
     }
     const int r = run_phase(phase, phase_options);
     if (r != 0 && result == 0) result = r;

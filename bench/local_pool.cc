@@ -3,7 +3,6 @@
 #include <unistd.h>
 
 #include <csignal>
-
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -17,8 +16,8 @@ namespace fs = std::filesystem;
 std::string find_reducer_binary() {
   if (const char* env = std::getenv("TALLY_REDUCER"); env && *env) return env;
   const std::string dir = self_dir();
-  for (const std::string& candidate :
-       {dir + "/tally-reducer", dir + "/../reducer/tally-reducer", dir + "/../../reducer/tally-reducer"}) {
+  for (const std::string& candidate : {dir + "/tally-reducer", dir + "/../reducer/tally-reducer",
+                                       dir + "/../../reducer/tally-reducer"}) {
     if (access(candidate.c_str(), X_OK) == 0) return fs::weakly_canonical(candidate).string();
   }
   return dir + "/tally-reducer";
@@ -31,7 +30,8 @@ Result<std::unique_ptr<LocalPool>> LocalPool::start(const LocalPoolOptions& opti
   pool->dir_ = tmpl;
   pool->shards_ = options.shards;
   pool->groups_ = options.groups;
-  const std::string binary = options.reducer_path.empty() ? find_reducer_binary() : options.reducer_path;
+  const std::string binary =
+      options.reducer_path.empty() ? find_reducer_binary() : options.reducer_path;
   const uint32_t count = options.shards * options.groups;
   const std::string pool_file = pool->dir_ + "/pool";
   std::vector<std::string> ready_files;
@@ -39,11 +39,14 @@ Result<std::unique_ptr<LocalPool>> LocalPool::start(const LocalPoolOptions& opti
     ProcessSpec spec;
     spec.path = binary;
     ready_files.push_back(pool->dir_ + "/ready-" + std::to_string(i));
-    spec.args = {"--listen", "127.0.0.1:0", "--shard", std::to_string(i % options.shards), "--shards",
-                 std::to_string(options.shards), "--ready-file", ready_files.back()};
+    spec.args = {"--listen",     "127.0.0.1:0",
+                 "--shard",      std::to_string(i % options.shards),
+                 "--shards",     std::to_string(options.shards),
+                 "--ready-file", ready_files.back()};
     if (options.groups > 1) {
-      spec.args.insert(spec.args.end(), {"--group", std::to_string(i / options.shards), "--groups",
-                                         std::to_string(options.groups), "--pool", "@" + pool_file});
+      spec.args.insert(spec.args.end(),
+                       {"--group", std::to_string(i / options.shards), "--groups",
+                        std::to_string(options.groups), "--pool", "@" + pool_file});
     }
     if (options.stats) spec.args.insert(spec.args.end(), {"--stats-file", pool->stats_path(i)});
     spec.args.insert(spec.args.end(), options.extra_args.begin(), options.extra_args.end());
@@ -71,8 +74,9 @@ Result<std::unique_ptr<LocalPool>> LocalPool::start(const LocalPoolOptions& opti
                                                    " before listening");
       }
       if (std::chrono::steady_clock::now() > deadline) {
-        return Status(ErrorCode::kTimeout, "reducer " + std::to_string(s) + " did not listen within " +
-                                               std::to_string(options.start_timeout.count()) + " ms");
+        return Status(ErrorCode::kTimeout,
+                      "reducer " + std::to_string(s) + " did not listen within " +
+                          std::to_string(options.start_timeout.count()) + " ms");
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
@@ -101,11 +105,13 @@ Status LocalPool::restart(uint32_t index, std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   while (access(ready.c_str(), F_OK) != 0) {
     if (auto st = processes_[index].wait_for(std::chrono::milliseconds(0))) {
-      return Status(ErrorCode::kUnavailable, "reducer " + std::to_string(index) + " exited with status " +
-                                                 std::to_string(*st) + " on restart");
+      return Status(ErrorCode::kUnavailable, "reducer " + std::to_string(index) +
+                                                 " exited with status " + std::to_string(*st) +
+                                                 " on restart");
     }
     if (std::chrono::steady_clock::now() > deadline) {
-      return Status(ErrorCode::kTimeout, "reducer " + std::to_string(index) + " did not listen again");
+      return Status(ErrorCode::kTimeout,
+                    "reducer " + std::to_string(index) + " did not listen again");
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }

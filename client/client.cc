@@ -47,7 +47,9 @@ constexpr size_t kEarlyErrorsKept = 1024;
 
 // The client's own deadline is a backstop behind the reducers' op timeout,
 // which is the one that names missing ranks.
-milliseconds backstop(milliseconds op_timeout) { return op_timeout + op_timeout / 2 + milliseconds(1000); }
+milliseconds backstop(milliseconds op_timeout) {
+  return op_timeout + op_timeout / 2 + milliseconds(1000);
+}
 
 Result<uint64_t> parse_u64(const char* name, std::string_view text) {
   uint64_t v = 0;
@@ -110,7 +112,8 @@ struct Client::Impl {
   std::optional<Status> last_failure;  // of the latest failed op
 
   void start_op(const std::shared_ptr<Op>& op);
-  void fail_op(std::shared_ptr<Op> op, const Status& status);  // by value: callers may pass the ops map entry
+  void fail_op(std::shared_ptr<Op> op,
+               const Status& status);  // by value: callers may pass the ops map entry
   void maybe_finish(std::shared_ptr<Op> op);
   void on_op_error(uint64_t op_id, const Status& status);
   void on_link_closed(uint32_t shard, const Status& status);
@@ -128,10 +131,11 @@ class ShardLink final : public FrameHandler, public std::enable_shared_from_this
     if (closing_) return settle(Status(ErrorCode::kCancelled, "client closed while connecting"));
     const auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
     if (left <= milliseconds(0)) {
-      return settle(Status(ErrorCode::kTimeout, "could not reach reducer " + address_.to_string() +
-                                                    " (shard " + std::to_string(shard_) + ") within " +
-                                                    std::to_string(client_.options.connect_timeout.count()) +
-                                                    " ms" + (last_error_.empty() ? "" : ": " + last_error_)));
+      return settle(
+          Status(ErrorCode::kTimeout, "could not reach reducer " + address_.to_string() +
+                                          " (shard " + std::to_string(shard_) + ") within " +
+                                          std::to_string(client_.options.connect_timeout.count()) +
+                                          " ms" + (last_error_.empty() ? "" : ": " + last_error_)));
     }
     async_tcp_connect(client_.io, address_, left,
                       [self = shared_from_this(), deadline](Result<asio::ip::tcp::socket> r) {
@@ -155,7 +159,8 @@ class ShardLink final : public FrameHandler, public std::enable_shared_from_this
     bye.mutable_goodbye()->set_reason(reason);
     // Weak: the callback sits in the connection's own queue (see the reducer's close_with_error).
     conn_->send_control(bye, [weak = std::weak_ptr<Connection>(conn_), done](const Status&) {
-      if (auto conn = weak.lock()) conn->close(Status(ErrorCode::kCancelled, std::string(kCleanGoodbyeReason)));
+      if (auto conn = weak.lock())
+        conn->close(Status(ErrorCode::kCancelled, std::string(kCleanGoodbyeReason)));
       done();
     });
   }
@@ -166,8 +171,8 @@ class ShardLink final : public FrameHandler, public std::enable_shared_from_this
       auto it = client_.ops.find(h.op);
       if (it == client_.ops.end() || it->second->failed) return PayloadAction::discard();
     }
-    return PayloadAction::close(Status(ErrorCode::kProtocol, "unexpected " + describe(h) +
-                                                                 " from reducer " + conn_->peer()));
+    return PayloadAction::close(Status(
+        ErrorCode::kProtocol, "unexpected " + describe(h) + " from reducer " + conn_->peer()));
   }
 
   void on_data(const FrameHeader& h, std::span<std::byte>) override;
@@ -177,14 +182,16 @@ class ShardLink final : public FrameHandler, public std::enable_shared_from_this
     if (message.has_error()) {
       Status status = status_from_error(message.error());
       if (message.error().has_op()) {
-        return client_.on_op_error(message.error().op(), status.with_context(
-            "reducer " + address_.to_string() + " (shard " + std::to_string(shard_) + ")"));
+        return client_.on_op_error(message.error().op(),
+                                   status.with_context("reducer " + address_.to_string() +
+                                                       " (shard " + std::to_string(shard_) + ")"));
       }
       fatal_ = status;  // the reducer closes the stream next
       if (!settled_) settle(status.with_context("reducer " + address_.to_string()));
       return;
     }
-    conn_->close(Status(ErrorCode::kProtocol, "unexpected control message from reducer " + address_.to_string()));
+    conn_->close(Status(ErrorCode::kProtocol,
+                        "unexpected control message from reducer " + address_.to_string()));
   }
 
   void on_closed(const Status& status) override {
@@ -211,9 +218,8 @@ class ShardLink final : public FrameHandler, public std::enable_shared_from_this
       last_error_ = r.status().message();
       if (r.status().code() == ErrorCode::kUnavailable && Clock::now() + kConnectRetry < deadline) {
         auto timer = std::make_shared<asio::steady_timer>(client_.io, kConnectRetry);
-        timer->async_wait([self = shared_from_this(), timer, deadline](const boost::system::error_code&) {
-          self->connect(deadline);
-        });
+        timer->async_wait([self = shared_from_this(), timer, deadline](
+                              const boost::system::error_code&) { self->connect(deadline); });
         return;
       }
       return settle(r.status().with_context("shard " + std::to_string(shard_)));
@@ -252,14 +258,16 @@ class ShardLink final : public FrameHandler, public std::enable_shared_from_this
     const uint32_t group_count = std::max<uint32_t>(w.group_count(), 1);
     if (w.shard_count() != client_.links.size() || w.shard() != shard_ ||
         group_count != client_.options.groups || w.group() != client_.group) {
-      bad = Status(ErrorCode::kInvalidArgument,
-                   who + " is shard " + std::to_string(w.shard()) + " of " +
-                       std::to_string(w.shard_count()) + " in group " + std::to_string(w.group()) + " of " +
-                       std::to_string(group_count) + ", but TALLY_POOL lists it as shard " +
-                       std::to_string(shard_) + " of " + std::to_string(client_.links.size()) + " in group " +
-                       std::to_string(client_.group) + " of " + std::to_string(client_.options.groups) +
-                       " (the pool must list every reducer in shard order, group after group, i.e. in "
-                       "(group, shard) order, and TALLY_GROUPS must match the pool)");
+      bad = Status(
+          ErrorCode::kInvalidArgument,
+          who + " is shard " + std::to_string(w.shard()) + " of " +
+              std::to_string(w.shard_count()) + " in group " + std::to_string(w.group()) + " of " +
+              std::to_string(group_count) + ", but TALLY_POOL lists it as shard " +
+              std::to_string(shard_) + " of " + std::to_string(client_.links.size()) +
+              " in group " + std::to_string(client_.group) + " of " +
+              std::to_string(client_.options.groups) +
+              " (the pool must list every reducer in shard order, group after group, i.e. in "
+              "(group, shard) order, and TALLY_GROUPS must match the pool)");
     } else if (client_.options.chunk_bytes > w.max_chunk_bytes()) {
       bad = Status(ErrorCode::kInvalidArgument,
                    "chunk size " + std::to_string(client_.options.chunk_bytes) + " exceeds " + who +
@@ -311,9 +319,10 @@ void ShardLink::on_data(const FrameHeader& h, std::span<std::byte>) {
   const ChunkExtent extent = op->plan->chunk(h.chunk);
   if (h.count != op->count || h.dtype != op->dtype || h.offset != extent.offset ||
       op->got[h.chunk]) {
-    client_.fail_op(op, Status(ErrorCode::kProtocol, "reducer " + address_.to_string() +
-                                                         " sent a result that does not match op " +
-                                                         std::to_string(op->id) + ": " + describe(h)));
+    client_.fail_op(op,
+                    Status(ErrorCode::kProtocol, "reducer " + address_.to_string() +
+                                                     " sent a result that does not match op " +
+                                                     std::to_string(op->id) + ": " + describe(h)));
     return;
   }
   op->got[h.chunk] = 1;
@@ -373,7 +382,8 @@ void Client::Impl::start_op(const std::shared_ptr<Op>& op) {
     std::string pending;
     for (uint64_t k = 0; k < op->plan->chunk_count(); ++k) {
       if (!op->got[k]) {
-        pending = "chunk " + std::to_string(k) + " (shard " + std::to_string(k % links.size()) + ")";
+        pending =
+            "chunk " + std::to_string(k) + " (shard " + std::to_string(k % links.size()) + ")";
         break;
       }
     }
@@ -385,7 +395,8 @@ void Client::Impl::start_op(const std::shared_ptr<Op>& op) {
   for (uint64_t k = 0; k < op->plan->chunk_count(); ++k) {
     const ChunkExtent e = op->plan->chunk(k);
     ShardLink& link = *links[e.shard];
-    link.conn()->post_receive({FrameKind::kResult, op->id, e.index}, {op->data + e.offset, e.length});
+    link.conn()->post_receive({FrameKind::kResult, op->id, e.index},
+                              {op->data + e.offset, e.length});
     link.queue.emplace_back(op, e.index);
   }
   for (auto& link : links) pump(*link);
@@ -421,9 +432,9 @@ void Client::Impl::fail_op(std::shared_ptr<Op> op, const Status& status) {
       if (ec || op->finished) return;
       for (auto& link : links) {
         if (op->sending_on[link->shard()] || op->receiving_on[link->shard()]) {
-          link->close(Status(ErrorCode::kTimeout,
-                             "op " + std::to_string(op->id) + " failed and its I/O did not drain in " +
-                                 std::to_string(kDrainGrace.count()) + " ms"));
+          link->close(Status(ErrorCode::kTimeout, "op " + std::to_string(op->id) +
+                                                      " failed and its I/O did not drain in " +
+                                                      std::to_string(kDrainGrace.count()) + " ms"));
         }
       }
     });
@@ -484,7 +495,8 @@ Status validate(const ClientOptions& o) {
   }
   if (o.groups == 0) return bad("TALLY_GROUPS must be at least 1");
   if (o.pool.size() % o.groups != 0) {
-    return bad("TALLY_POOL lists " + std::to_string(o.pool.size()) + " reducers, which is not a multiple of " +
+    return bad("TALLY_POOL lists " + std::to_string(o.pool.size()) +
+               " reducers, which is not a multiple of " +
                "TALLY_GROUPS=" + std::to_string(o.groups) +
                " (the pool lists the S reducers of each group, in (group, shard) order)");
   }
@@ -498,8 +510,9 @@ Status validate(const ClientOptions& o) {
     for (uint32_t n : o.group_sizes) total += n;
     if (o.group_sizes.size() != o.groups || total != o.world_size || o.group_sizes[*o.group] == 0) {
       return bad("TALLY_GROUP needs TALLY_GROUP_SIZES: " + std::to_string(o.groups) +
-                 " worker counts, one per group, that add up to the world size " + std::to_string(o.world_size) +
-                 " and give group " + std::to_string(*o.group) + " at least one worker");
+                 " worker counts, one per group, that add up to the world size " +
+                 std::to_string(o.world_size) + " and give group " + std::to_string(*o.group) +
+                 " at least one worker");
     }
   } else if (!o.group_sizes.empty()) {
     return bad("TALLY_GROUP_SIZES is only used with TALLY_GROUP");
@@ -527,7 +540,9 @@ Result<ClientOptions> client_options_from_env() {
     return std::string(v);
   };
   auto pool = get("TALLY_POOL");
-  if (!pool) return Status(ErrorCode::kInvalidArgument, "TALLY_POOL is not set (host:port,... in (group, shard) order)");
+  if (!pool)
+    return Status(ErrorCode::kInvalidArgument,
+                  "TALLY_POOL is not set (host:port,... in (group, shard) order)");
   auto addresses = parse_pool(*pool);
   if (!addresses) return addresses.status();
   for (const HostPort& address : *addresses) o.pool.push_back(address.to_string());
@@ -541,7 +556,8 @@ Result<ClientOptions> client_options_from_env() {
       auto parsed = parse_u64("TALLY_GROUP_SIZES", rest.substr(0, comma));
       if (!parsed) return parsed.status();
       if (*parsed > std::numeric_limits<uint32_t>::max()) {
-        return Status(ErrorCode::kInvalidArgument, "TALLY_GROUP_SIZES has a value that is too large");
+        return Status(ErrorCode::kInvalidArgument,
+                      "TALLY_GROUP_SIZES has a value that is too large");
       }
       o.group_sizes.push_back(static_cast<uint32_t>(*parsed));
       if (comma == std::string_view::npos) break;
@@ -567,12 +583,14 @@ Result<ClientOptions> client_options_from_env() {
   for (const Num& n : nums) {
     auto v = get(n.name);
     if (!v) {
-      if (n.required) return Status(ErrorCode::kInvalidArgument, std::string(n.name) + " is not set");
+      if (n.required)
+        return Status(ErrorCode::kInvalidArgument, std::string(n.name) + " is not set");
       continue;
     }
     auto parsed = parse_u64(n.name, *v);
     if (!parsed) return parsed.status();
-    if ((n.name == std::string_view("TALLY_RANK") || n.name == std::string_view("TALLY_WORLD_SIZE") ||
+    if ((n.name == std::string_view("TALLY_RANK") ||
+         n.name == std::string_view("TALLY_WORLD_SIZE") ||
          n.name == std::string_view("TALLY_GROUPS") || n.name == std::string_view("TALLY_GROUP")) &&
         *parsed > std::numeric_limits<uint32_t>::max()) {
       return Status(ErrorCode::kInvalidArgument, std::string(n.name) + " is too large");
@@ -593,7 +611,8 @@ Result<ClientOptions> client_options_from_env() {
     std::transform(v.begin(), v.end(), v.begin(), [](unsigned char c) { return std::tolower(c); });
     if (!on.count(v) && !off.count(v)) {
       return Status(ErrorCode::kInvalidArgument,
-                    "TALLY_FABRIC_FORCE_REGISTRATION='" + *f + "' is not a boolean (1/0, true/false, on/off, yes/no)");
+                    "TALLY_FABRIC_FORCE_REGISTRATION='" + *f +
+                        "' is not a boolean (1/0, true/false, on/off, yes/no)");
     }
     o.fabric.force_registration = on.count(v) > 0;
   }
@@ -613,11 +632,15 @@ Result<std::unique_ptr<Client>> Client::connect(const ClientOptions& options) {
   impl->job = job_id(options.job);
   if (options.transport == "fabric") {
     auto fabric = Fabric::open(options.fabric);
-    if (!fabric) return fabric.status().with_context("job '" + options.job + "' rank " + std::to_string(options.rank));
+    if (!fabric)
+      return fabric.status().with_context("job '" + options.job + "' rank " +
+                                          std::to_string(options.rank));
     impl->fabric = *fabric;
   }
-  impl->group = options.group ? *options.group : default_group_of(options.rank, options.world_size, options.groups);
-  impl->group_sizes = options.group ? options.group_sizes : default_group_sizes(options.world_size, options.groups);
+  impl->group = options.group ? *options.group
+                              : default_group_of(options.rank, options.world_size, options.groups);
+  impl->group_sizes =
+      options.group ? options.group_sizes : default_group_sizes(options.world_size, options.groups);
   // Only the S reducers of this worker's group.
   const uint32_t shards = static_cast<uint32_t>(options.pool.size() / options.groups);
   for (uint32_t s = 0; s < shards; ++s) {
@@ -639,10 +662,12 @@ Result<std::unique_ptr<Client>> Client::connect(const ClientOptions& options) {
     // The I/O thread settles every future by the deadline; the margin covers scheduling.
     if (w.wait_until(deadline + milliseconds(2000)) != std::future_status::ready) {
       return Status(ErrorCode::kTimeout, "joining the pool took longer than " +
-                                             std::to_string(options.connect_timeout.count()) + " ms");
+                                             std::to_string(options.connect_timeout.count()) +
+                                             " ms");
     }
     Status s = w.get();
-    if (!s.is_ok()) return s.with_context("job '" + options.job + "' rank " + std::to_string(options.rank));
+    if (!s.is_ok())
+      return s.with_context("job '" + options.job + "' rank " + std::to_string(options.rank));
   }
   return client;
 }
@@ -665,7 +690,8 @@ Client::~Client() {
   // A stream that cannot take its goodbye in time is closed without it.
   if (left.get_future().wait_for(milliseconds(2000)) != std::future_status::ready) {
     asio::post(impl_->io, [im = impl_.get()] {
-      for (auto& link : im->links) link->close(Status(ErrorCode::kCancelled, std::string(kCleanGoodbyeReason)));
+      for (auto& link : im->links)
+        link->close(Status(ErrorCode::kCancelled, std::string(kCleanGoodbyeReason)));
     });
   }
   // Posted after the closes: run() returns even if a connect attempt or a
@@ -703,7 +729,8 @@ Status Client::allreduce(void* data, size_t count, DType dtype, RedOp redop) {
   op->plan.emplace(count * esize, esize, impl_->options.chunk_bytes,
                    static_cast<uint32_t>(impl_->links.size()));
   if (op->plan->chunk_count() > std::numeric_limits<uint32_t>::max()) {
-    return Status(ErrorCode::kInvalidArgument, "tensor has more than 2^32 chunks; raise the chunk size");
+    return Status(ErrorCode::kInvalidArgument,
+                  "tensor has more than 2^32 chunks; raise the chunk size");
   }
   {
     // Ids are taken and ops posted under one lock, so the I/O thread starts
@@ -729,6 +756,5 @@ uint32_t Client::world_size() const { return impl_->options.world_size; }
 uint32_t Client::shards() const { return static_cast<uint32_t>(impl_->links.size()); }
 uint32_t Client::groups() const { return impl_->options.groups; }
 uint32_t Client::group() const { return impl_->group; }
-
 
 }  // namespace tally

@@ -18,7 +18,8 @@ wire::Control make_error(const Status& status, std::optional<uint64_t> op,
 
 Status status_from_error(const wire::Error& error) {
   auto code = static_cast<ErrorCode>(error.code());
-  if (code == ErrorCode::kOk || static_cast<uint32_t>(code) > static_cast<uint32_t>(ErrorCode::kInternal)) {
+  if (code == ErrorCode::kOk ||
+      static_cast<uint32_t>(code) > static_cast<uint32_t>(ErrorCode::kInternal)) {
     code = ErrorCode::kInternal;
   }
   return Status(code, error.message());

@@ -131,9 +131,8 @@ Result<FrameHeader> decode_header(std::span<const std::byte, kFrameHeaderBytes> 
   }
   const uint64_t total = h.count * esize;
   if (h.offset > total || h.length > total - h.offset) {
-    return protocol_error("chunk [" + std::to_string(h.offset) + ", +" +
-                          std::to_string(h.length) + ") lies outside the op's " +
-                          std::to_string(total) + " bytes");
+    return protocol_error("chunk [" + std::to_string(h.offset) + ", +" + std::to_string(h.length) +
+                          ") lies outside the op's " + std::to_string(total) + " bytes");
   }
   return h;
 }

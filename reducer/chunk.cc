@@ -81,7 +81,8 @@ Status Chunk::place_locked(uint32_t from_group, const FrameHeader& h, std::share
   }
   for (size_t i = 0; i < steps_.size(); ++i) {
     const ButterflyStep& s = steps_[i];
-    if (context.participants[s.partner] != from_group || s.tag != h.rank || s.recv.empty()) continue;
+    if (context.participants[s.partner] != from_group || s.tag != h.rank || s.recv.empty())
+      continue;
     if (h.offset != m.offset + s.recv.begin * esize || h.length != s.recv.size() * esize) {
       return bad("covers bytes [" + std::to_string(h.offset) + ", +" + std::to_string(h.length) +
                  "), the butterfly expects [" + std::to_string(m.offset + s.recv.begin * esize) +

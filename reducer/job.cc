@@ -43,8 +43,7 @@ Job::Job(JobSettings settings, std::shared_ptr<SlabQuota> quota, ReducerCounters
                  [this](std::shared_ptr<Chunk> chunk) -> ReplicaMesh::SendDone {
                    return [self = shared_from_this(), chunk](const Status& status) {
                      Status why;
-                     const Chunk::Progress progress =
-                         chunk->on_sent(status, self->butterfly_, why);
+                     const Chunk::Progress progress = chunk->on_sent(status, self->butterfly_, why);
                      self->settle(chunk, progress, why);
                    };
                  }},
@@ -143,15 +142,15 @@ void Job::leave(const JobMember* member, const Status& why, Departure how) {
     for (auto& [key, chunk] : chunks_) {
       if (!chunk->seen(rank)) ops.insert(key.first);
     }
-    const Status gone(ErrorCode::kPeerLost, "rank " + std::to_string(rank) + " (" +
-                                                member->peer() + ") left job '" + name() +
-                                                "' before contributing (it said: " +
-                                                why.message() + ")");
+    const Status gone(ErrorCode::kPeerLost,
+                      "rank " + std::to_string(rank) + " (" + member->peer() + ") left job '" +
+                          name() + "' before contributing (it said: " + why.message() + ")");
     for (uint64_t op : ops) fail_op_locked(op, gone, {rank});
     return;
   }
   const Status lost(ErrorCode::kPeerLost, "rank " + std::to_string(rank) + " (" + member->peer() +
-                                              ") of job '" + name() + "' was lost: " + why.message());
+                                              ") of job '" + name() +
+                                              "' was lost: " + why.message());
   if (!lost_) {
     lost_ = lost;
     lost_ranks_ = {rank};
@@ -266,12 +265,12 @@ PayloadAction Job::on_contribution_header(const std::shared_ptr<JobMember>& memb
   // rank that saw it has already left.
   for (auto& [gone, reason] : departed_) {
     if (chunk->seen(gone)) continue;
-    fail_op_locked(h.op,
-                   Status(ErrorCode::kPeerLost, "rank " + std::to_string(gone) + " has left job '" +
-                                                    name() + "' (it said: " + reason + "); op " +
-                                                    std::to_string(h.op) +
-                                                    " cannot complete without it"),
-                   {gone});
+    fail_op_locked(
+        h.op,
+        Status(ErrorCode::kPeerLost, "rank " + std::to_string(gone) + " has left job '" + name() +
+                                         "' (it said: " + reason + "); op " + std::to_string(h.op) +
+                                         " cannot complete without it"),
+        {gone});
     return PayloadAction::discard();
   }
   if (chunk->seen(h.rank)) {
@@ -362,12 +361,11 @@ std::map<uint32_t, std::string> Job::departures() const {
 std::vector<uint32_t> Job::missing_locked(const std::vector<bool>& seen, std::string* note) const {
   std::vector<uint32_t> ranks;
   if (!settings_.groups_explicit) {
-    const uint32_t groups = settings_.group_sizes.empty()
-                                ? 1
-                                : static_cast<uint32_t>(settings_.group_sizes.size());
+    const uint32_t groups =
+        settings_.group_sizes.empty() ? 1 : static_cast<uint32_t>(settings_.group_sizes.size());
     for (uint32_t r = 0; r < seen.size(); ++r) {
-      if (!seen[r] && (groups == 1 || default_group_of(r, settings_.world_size, groups) ==
-                                          settings_.group)) {
+      if (!seen[r] &&
+          (groups == 1 || default_group_of(r, settings_.world_size, groups) == settings_.group)) {
         ranks.push_back(r);
       }
     }
@@ -451,16 +449,15 @@ PayloadAction Job::on_partial_header(uint32_t from_group, const FrameHeader& h,
   std::lock_guard lock(mu_);
   if (std::find(participants_.begin(), participants_.end(), from_group) == participants_.end() ||
       from_group == settings_.group) {
-    return PayloadAction::close(Status(ErrorCode::kProtocol,
-                                       mesh_->describe(from_group) + " sent a partial of job '" +
-                                           name() + "', in which its group has no workers"));
+    return PayloadAction::close(
+        Status(ErrorCode::kProtocol, mesh_->describe(from_group) + " sent a partial of job '" +
+                                         name() + "', in which its group has no workers"));
   }
   if (retired_) {
-    mesh_->send_control(from_group, replica_error_message(name(),
-                                                          job_gone_here(settings_.shard,
-                                                                        settings_.group, name(),
-                                                                        retired_why_),
-                                                          h.op));
+    mesh_->send_control(
+        from_group,
+        replica_error_message(
+            name(), job_gone_here(settings_.shard, settings_.group, name(), retired_why_), h.op));
     return PayloadAction::discard();
   }
   if (auto failed = failed_ops_.find(h.op); failed != failed_ops_.end()) {

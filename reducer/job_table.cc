@@ -27,10 +27,9 @@ Result<std::shared_ptr<Job>> JobTable::admit(const wire::Hello& hello,
     return Status(ErrorCode::kInvalidArgument, "job name must have 1 to 256 bytes");
   }
   if (hello.world_size() > options_.max_world_size) {
-    return Status(ErrorCode::kInvalidArgument,
-                  "world size " + std::to_string(hello.world_size()) +
-                      " exceeds this reducer's maximum of " +
-                      std::to_string(options_.max_world_size));
+    return Status(ErrorCode::kInvalidArgument, "world size " + std::to_string(hello.world_size()) +
+                                                   " exceeds this reducer's maximum of " +
+                                                   std::to_string(options_.max_world_size));
   }
   if (hello.world_size() == 0 || hello.rank() >= hello.world_size()) {
     return Status(ErrorCode::kInvalidArgument, "rank " + std::to_string(hello.rank()) +
@@ -39,9 +38,9 @@ Result<std::shared_ptr<Job>> JobTable::admit(const wire::Hello& hello,
   }
   std::chrono::milliseconds timeout(hello.op_timeout_ms());
   if (timeout.count() == 0 || timeout > options_.max_op_timeout) {
-    return Status(ErrorCode::kInvalidArgument,
-                  "op timeout must be 1.." + std::to_string(options_.max_op_timeout.count()) +
-                      " ms");
+    return Status(
+        ErrorCode::kInvalidArgument,
+        "op timeout must be 1.." + std::to_string(options_.max_op_timeout.count()) + " ms");
   }
   const std::string who = "rank " + std::to_string(hello.rank());
   std::vector<uint32_t> sizes(hello.group_sizes().begin(), hello.group_sizes().end());
@@ -75,11 +74,10 @@ Result<std::shared_ptr<Job>> JobTable::admit(const wire::Hello& hello,
   if (it != jobs_.end()) {
     job = it->second;
     if (job->settings().world_size != hello.world_size()) {
-      return Status(ErrorCode::kMismatch, "rank " + std::to_string(hello.rank()) + " says job '" +
-                                              hello.job() + "' has world size " +
-                                              std::to_string(hello.world_size()) +
-                                              ", other ranks said " +
-                                              std::to_string(job->settings().world_size));
+      return Status(ErrorCode::kMismatch,
+                    "rank " + std::to_string(hello.rank()) + " says job '" + hello.job() +
+                        "' has world size " + std::to_string(hello.world_size()) +
+                        ", other ranks said " + std::to_string(job->settings().world_size));
     }
     if (job->settings().group_sizes != sizes) {
       return Status(ErrorCode::kMismatch,
@@ -204,8 +202,8 @@ void JobTable::erase_locked(const std::shared_ptr<Job>& job) {
   if (job->participants().size() > 1) {
     // After every partial this replica sent for it (same streams, in order).
     auto left = replica_error_message(
-        job->name(), job_gone_here(options_.shard, options_.group, job->name(), why),
-        std::nullopt, {}, JobEnded::kYes);
+        job->name(), job_gone_here(options_.shard, options_.group, job->name(), why), std::nullopt,
+        {}, JobEnded::kYes);
     for (uint32_t g : job->participants()) {
       if (g != options_.group) replicas_->send_control(g, left);
     }
@@ -247,10 +245,9 @@ void JobTable::remember_departures_locked(const Job& job) {
   const auto now = std::chrono::steady_clock::now();
   std::erase_if(tombstones_, [&](auto& t) { return now - t.second.ended >= kTombstoneLife; });
   if (tombstones_.size() >= kTombstonesKept) {
-    tombstones_.erase(std::min_element(tombstones_.begin(), tombstones_.end(),
-                                       [](auto& a, auto& b) {
-                                         return a.second.ended < b.second.ended;
-                                       }));
+    tombstones_.erase(
+        std::min_element(tombstones_.begin(), tombstones_.end(),
+                         [](auto& a, auto& b) { return a.second.ended < b.second.ended; }));
   }
   tombstones_[job.name()] = {now, std::move(departures)};
 }

@@ -71,22 +71,32 @@ bool kernel_supports(DType dtype) {
 
 void reduce_into(DType dtype, std::byte* dst, const std::byte* src, size_t nbytes) {
   switch (dtype) {
-    case DType::kFloat32: return add_loop<float>(dst, src, nbytes);
-    case DType::kFloat64: return add_loop<double>(dst, src, nbytes);
-    case DType::kInt32: return add_loop<int32_t>(dst, src, nbytes);
-    case DType::kInt64: return add_loop<int64_t>(dst, src, nbytes);
-    default: TALLY_CHECK(kernel_supports(dtype));
+    case DType::kFloat32:
+      return add_loop<float>(dst, src, nbytes);
+    case DType::kFloat64:
+      return add_loop<double>(dst, src, nbytes);
+    case DType::kInt32:
+      return add_loop<int32_t>(dst, src, nbytes);
+    case DType::kInt64:
+      return add_loop<int64_t>(dst, src, nbytes);
+    default:
+      TALLY_CHECK(kernel_supports(dtype));
   }
 }
 
 void scale_average(DType dtype, std::byte* data, size_t nbytes, uint32_t divisor) {
   TALLY_CHECK(divisor > 0);
   switch (dtype) {
-    case DType::kFloat32: return div_loop<float>(data, nbytes, divisor);
-    case DType::kFloat64: return div_loop<double>(data, nbytes, divisor);
-    case DType::kInt32: return div_loop<int32_t>(data, nbytes, divisor);
-    case DType::kInt64: return div_loop<int64_t>(data, nbytes, divisor);
-    default: TALLY_CHECK(kernel_supports(dtype));
+    case DType::kFloat32:
+      return div_loop<float>(data, nbytes, divisor);
+    case DType::kFloat64:
+      return div_loop<double>(data, nbytes, divisor);
+    case DType::kInt32:
+      return div_loop<int32_t>(data, nbytes, divisor);
+    case DType::kInt64:
+      return div_loop<int64_t>(data, nbytes, divisor);
+    default:
+      TALLY_CHECK(kernel_supports(dtype));
   }
 }
 

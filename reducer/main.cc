@@ -1,11 +1,11 @@
 // tally-reducer: one shard of a reduction server pool.
-#include <CLI/CLI.hpp>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <CLI/CLI.hpp>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
-#include <chrono>
 #include <cstdlib>
 #include <ctime>
 #include <fstream>
@@ -49,17 +49,25 @@ int main(int argc, char** argv) {
   int64_t peer_timeout_ms = options.connection.peer_timeout.count();
   int64_t hello_timeout_ms = options.hello_timeout.count();
 
-  CLI::App app{"tally-reducer: sums gradient chunks from training workers and streams the results back"};
+  CLI::App app{
+      "tally-reducer: sums gradient chunks from training workers and streams the results back"};
   app.add_option("--listen", listen, "address to listen on, host:port (port 0 picks one)")
-      ->envname("TALLY_LISTEN")->capture_default_str();
+      ->envname("TALLY_LISTEN")
+      ->capture_default_str();
   app.add_option("--shard", options.shard, "this reducer's shard index")
-      ->envname("TALLY_SHARD")->capture_default_str();
+      ->envname("TALLY_SHARD")
+      ->capture_default_str();
   app.add_option("--shards", options.shard_count, "number of shards in the pool")
-      ->envname("TALLY_SHARDS")->capture_default_str()->check(CLI::PositiveNumber);
+      ->envname("TALLY_SHARDS")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--group", options.group, "this reducer's replica group")
-      ->envname("TALLY_GROUP")->capture_default_str();
+      ->envname("TALLY_GROUP")
+      ->capture_default_str();
   app.add_option("--groups", options.group_count, "number of replica groups in the pool")
-      ->envname("TALLY_GROUPS")->capture_default_str()->check(CLI::Range(1, 1024));
+      ->envname("TALLY_GROUPS")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
   // --peers / TALLY_PEERS: the names before replicas were named replicas.
   app.add_option("--pool,--peers", options.pool,
                  "with --groups > 1: the whole pool, host:port,... in (group, shard) order (the "
@@ -69,36 +77,62 @@ int main(int argc, char** argv) {
                  "rewrite the counters here (Prometheus text format) every 100 ms and at exit")
       ->envname("TALLY_STATS_FILE");
   app.add_option("--io-threads", options.io_threads, "I/O threads")
-      ->envname("TALLY_IO_THREADS")->capture_default_str()->check(CLI::Range(1, 256));
+      ->envname("TALLY_IO_THREADS")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 256));
   app.add_option("--memory-budget", memory_budget, "chunk memory, e.g. 512MiB")
-      ->envname("TALLY_MEMORY_BUDGET")->capture_default_str()->transform(CLI::AsSizeValue(false));
+      ->envname("TALLY_MEMORY_BUDGET")
+      ->capture_default_str()
+      ->transform(CLI::AsSizeValue(false));
   app.add_option("--max-chunk-bytes", max_chunk, "largest chunk accepted, e.g. 4MiB")
-      ->envname("TALLY_MAX_CHUNK_BYTES")->capture_default_str()->transform(CLI::AsSizeValue(false));
+      ->envname("TALLY_MAX_CHUNK_BYTES")
+      ->capture_default_str()
+      ->transform(CLI::AsSizeValue(false));
   app.add_option("--window", options.window_chunks, "chunks a worker may have in flight per stream")
-      ->envname("TALLY_WINDOW")->capture_default_str()->check(CLI::Range(1, 4096));
+      ->envname("TALLY_WINDOW")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 4096));
   app.add_option("--max-world-size", options.max_world_size, "largest world size a job may declare")
-      ->envname("TALLY_MAX_WORLD_SIZE")->capture_default_str()->check(CLI::Range(1u, 1u << 24));
+      ->envname("TALLY_MAX_WORLD_SIZE")
+      ->capture_default_str()
+      ->check(CLI::Range(1u, 1u << 24));
   app.add_option("--heartbeat-ms", heartbeat_ms, "heartbeat interval on idle streams")
-      ->envname("TALLY_HEARTBEAT_MS")->capture_default_str()->check(CLI::Range(10, 600000));
+      ->envname("TALLY_HEARTBEAT_MS")
+      ->capture_default_str()
+      ->check(CLI::Range(10, 600000));
   app.add_option("--peer-timeout-ms", peer_timeout_ms, "a stream silent this long is dead")
-      ->envname("TALLY_PEER_TIMEOUT_MS")->capture_default_str()->check(CLI::Range(100, 3600000));
-  app.add_option("--hello-timeout-ms", hello_timeout_ms, "a stream that has not said hello by then is closed")
-      ->envname("TALLY_HELLO_TIMEOUT_MS")->capture_default_str()->check(CLI::Range(100, 3600000));
+      ->envname("TALLY_PEER_TIMEOUT_MS")
+      ->capture_default_str()
+      ->check(CLI::Range(100, 3600000));
+  app.add_option("--hello-timeout-ms", hello_timeout_ms,
+                 "a stream that has not said hello by then is closed")
+      ->envname("TALLY_HELLO_TIMEOUT_MS")
+      ->capture_default_str()
+      ->check(CLI::Range(100, 3600000));
   app.add_option("--transport", options.transport,
                  "tcp, or fabric to also serve workers on the libfabric data path")
-      ->envname("TALLY_TRANSPORT")->capture_default_str()->check(CLI::IsMember({"tcp", "fabric"}));
+      ->envname("TALLY_TRANSPORT")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"tcp", "fabric"}));
   // FI_PROVIDER, libfabric's own variable, is the fallback default.
   if (const char* fi = std::getenv("FI_PROVIDER"); fi && *fi) options.fabric.provider = fi;
-  app.add_option("--fabric-provider", options.fabric.provider, "libfabric provider for --transport fabric")
-      ->envname("TALLY_FABRIC_PROVIDER")->capture_default_str();
-  app.add_flag("--fabric-force-registration", options.fabric.force_registration,
-               "register buffers even where the provider does not ask (tests the registration path)")
+  app.add_option("--fabric-provider", options.fabric.provider,
+                 "libfabric provider for --transport fabric")
+      ->envname("TALLY_FABRIC_PROVIDER")
+      ->capture_default_str();
+  app.add_flag(
+         "--fabric-force-registration", options.fabric.force_registration,
+         "register buffers even where the provider does not ask (tests the registration path)")
       ->envname("TALLY_FABRIC_FORCE_REGISTRATION");
-  app.add_option("--fabric-max-msg-bytes", options.fabric.max_msg_bytes,
-                 "split payloads into messages of at most this size (0: the provider's max_msg_size)")
-      ->envname("TALLY_FABRIC_MAX_MSG_BYTES")->capture_default_str()->transform(CLI::AsSizeValue(false));
+  app.add_option(
+         "--fabric-max-msg-bytes", options.fabric.max_msg_bytes,
+         "split payloads into messages of at most this size (0: the provider's max_msg_size)")
+      ->envname("TALLY_FABRIC_MAX_MSG_BYTES")
+      ->capture_default_str()
+      ->transform(CLI::AsSizeValue(false));
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
-      ->envname("TALLY_LOG_LEVEL")->capture_default_str();
+      ->envname("TALLY_LOG_LEVEL")
+      ->capture_default_str();
   app.add_option("--ready-file", ready_file,
                  "write the bound host:port here once listening (for launchers)");
   CLI11_PARSE(app, argc, argv);
@@ -146,16 +180,19 @@ int main(int argc, char** argv) {
     sigwait(&signals, &sig);
   } else {
     const timespec interval{0, std::chrono::nanoseconds(kStatsInterval).count()};
-    while ((sig = sigtimedwait(&signals, nullptr, &interval)) < 0) write_stats(stats_file, (*reducer)->stats());
+    while ((sig = sigtimedwait(&signals, nullptr, &interval)) < 0)
+      write_stats(stats_file, (*reducer)->stats());
   }
   spdlog::info("received {}, shutting down", sig == SIGINT ? "SIGINT" : "SIGTERM");
   auto stats = (*reducer)->stats();
   (*reducer)->stop();
   (*reducer)->wait();
   if (!stats_file.empty()) write_stats(stats_file, (*reducer)->stats());
-  spdlog::info("done: {} chunks summed, {} bytes in, {} bytes out, {} replica bytes in, {} replica bytes out, "
-               "{} ops failed",
-               stats.chunks_finished, stats.bytes_received, stats.bytes_sent, stats.replica_bytes_received,
-               stats.replica_bytes_sent, stats.ops_failed);
+  spdlog::info(
+      "done: {} chunks summed, {} bytes in, {} bytes out, {} replica bytes in, {} replica bytes "
+      "out, "
+      "{} ops failed",
+      stats.chunks_finished, stats.bytes_received, stats.bytes_sent, stats.replica_bytes_received,
+      stats.replica_bytes_sent, stats.ops_failed);
   return 0;
 }

@@ -69,9 +69,8 @@ class InboundStream final : public FrameHandler,
   }
   // Tells the peer why, then closes once that is written.
   void close(const Status& why) {
-    asio::post(conn_->executor(), [self = shared_from_this(), why] {
-      close_with_error(self->conn_, why);
-    });
+    asio::post(conn_->executor(),
+               [self = shared_from_this(), why] { close_with_error(self->conn_, why); });
   }
 
   PayloadAction on_data_header(const FrameHeader& h) override {
@@ -149,8 +148,8 @@ void Reducer::Impl::on_accept(asio::ip::tcp::socket socket) {
   std::weak_ptr<Impl> weak = shared_from_this();
   auto stream = std::make_shared<InboundStream>(
       conn, options.hello_timeout,
-      [weak](const wire::Control& first, std::shared_ptr<Connection> c)
-          -> std::shared_ptr<FrameHandler> {
+      [weak](const wire::Control& first,
+             std::shared_ptr<Connection> c) -> std::shared_ptr<FrameHandler> {
         auto self = weak.lock();
         return self ? self->route(first, std::move(c)) : nullptr;
       },
@@ -307,8 +306,8 @@ Result<std::unique_ptr<Reducer>> Reducer::start(const ReducerOptions& options) {
   if (options.group_count > 1) {
     impl->context->replicas = std::make_shared<Replicas>(impl->options, impl->fabric);
   }
-  impl->context->jobs =
-      std::make_shared<JobTable>(impl->options, impl->pool, impl->counters, impl->context->replicas);
+  impl->context->jobs = std::make_shared<JobTable>(impl->options, impl->pool, impl->counters,
+                                                   impl->context->replicas);
   if (impl->context->replicas) {
     std::weak_ptr<JobTable> jobs = impl->context->jobs;
     impl->context->replicas->set_callbacks(

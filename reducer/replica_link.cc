@@ -61,16 +61,16 @@ void ReplicaLink::send(std::function<void(Connection&)> send,
     if (self->stopping_) return fail(kShuttingDown);
     if (self->ever_up_) {
       return fail(self->owner_->lost(self->group_)
-                      .value_or(Status(ErrorCode::kPeerLost,
-                                       self->owner_->describe(self->group_) + " is not connected")));
+                      .value_or(Status(ErrorCode::kPeerLost, self->owner_->describe(self->group_) +
+                                                                 " is not connected")));
     }
     self->queue_.push_back({deadline, std::move(send), std::move(fail)});
   });
 }
 
 PayloadAction ReplicaLink::on_data_header(const FrameHeader& h) {
-  return PayloadAction::close(Status(ErrorCode::kProtocol, "unexpected " + describe(h) + " from " +
-                                                               owner_->describe(group_)));
+  return PayloadAction::close(Status(
+      ErrorCode::kProtocol, "unexpected " + describe(h) + " from " + owner_->describe(group_)));
 }
 
 void ReplicaLink::on_control(const wire::Control& message) {
@@ -79,8 +79,8 @@ void ReplicaLink::on_control(const wire::Control& message) {
     return;
   }
   if (message.has_replica_welcome() && !up_) return on_welcome(message.replica_welcome());
-  conn_->close(Status(ErrorCode::kProtocol,
-                      "unexpected control message from " + owner_->describe(group_)));
+  conn_->close(
+      Status(ErrorCode::kProtocol, "unexpected control message from " + owner_->describe(group_)));
 }
 
 void ReplicaLink::on_closed(const Status& status) {
@@ -145,14 +145,13 @@ void ReplicaLink::on_connected(Result<asio::ip::tcp::socket> r) {
   conn_->send_control(hello);
   // Up only once the replica's ReplicaWelcome says where data goes.
   welcome_timer_.expires_after(kReplicaConnectTimeout);
-  welcome_timer_.async_wait(
-      [self = shared_from_this(), conn = conn_](const boost::system::error_code& ec) {
-        if (ec || self->conn_ != conn || self->up_) return;
-        conn->close(Status(ErrorCode::kTimeout,
-                           "no ReplicaWelcome from " + self->owner_->describe(self->group_) +
-                               " within " + std::to_string(kReplicaConnectTimeout.count()) +
-                               " ms"));
-      });
+  welcome_timer_.async_wait([self = shared_from_this(),
+                             conn = conn_](const boost::system::error_code& ec) {
+    if (ec || self->conn_ != conn || self->up_) return;
+    conn->close(Status(ErrorCode::kTimeout,
+                       "no ReplicaWelcome from " + self->owner_->describe(self->group_) +
+                           " within " + std::to_string(kReplicaConnectTimeout.count()) + " ms"));
+  });
 }
 
 void ReplicaLink::on_welcome(const wire::ReplicaWelcome& welcome) {

@@ -20,7 +20,8 @@ std::shared_ptr<const wire::Control> replica_error_message(const std::string& jo
   return message;
 }
 
-std::shared_ptr<const wire::Control> replica_error_message(const std::string& job, const Status& status,
+std::shared_ptr<const wire::Control> replica_error_message(const std::string& job,
+                                                           const Status& status,
                                                            std::optional<uint64_t> op,
                                                            const std::vector<uint32_t>& ranks,
                                                            JobEnded ended) {
@@ -29,9 +30,9 @@ std::shared_ptr<const wire::Control> replica_error_message(const std::string& jo
 
 Status job_gone_here(uint32_t shard, uint32_t group, const std::string& job, const std::string& why,
                      JobGone how) {
-  return Status(ErrorCode::kPeerLost, replica_name(shard, group) + " no longer has job '" + job + "'" +
-                                          (how == JobGone::kMaybeRefused ? " (or refused it)" : "") +
-                                          ": " + why);
+  return Status(ErrorCode::kPeerLost,
+                replica_name(shard, group) + " no longer has job '" + job + "'" +
+                    (how == JobGone::kMaybeRefused ? " (or refused it)" : "") + ": " + why);
 }
 
 }  // namespace tally

@@ -23,30 +23,30 @@ void ReplicaSession::on_hello(const wire::ReplicaHello& hello) {
   const ReducerOptions& o = context_->options;
   if (hello.protocol_version() != kProtocolVersion) {
     return reject_stream(
-        conn_, Status(ErrorCode::kVersionMismatch,
-                      "replica speaks protocol version " + std::to_string(hello.protocol_version()) +
-                          ", this reducer speaks " + std::to_string(kProtocolVersion)));
+        conn_,
+        Status(ErrorCode::kVersionMismatch,
+               "replica speaks protocol version " + std::to_string(hello.protocol_version()) +
+                   ", this reducer speaks " + std::to_string(kProtocolVersion)));
   }
   if (!context_->replicas || hello.shard() != o.shard || hello.shard_count() != o.shard_count ||
       hello.group_count() != o.group_count || hello.group() >= o.group_count ||
       hello.group() == o.group) {
     return reject_stream(
-        conn_, Status(ErrorCode::kInvalidArgument,
-                      "replica at " + peer_ + " says it is shard " + std::to_string(hello.shard()) +
-                          " of " + std::to_string(hello.shard_count()) + ", group " +
-                          std::to_string(hello.group()) + " of " +
-                          std::to_string(hello.group_count()) + "; this reducer is shard " +
-                          std::to_string(o.shard) + " of " + std::to_string(o.shard_count) +
-                          ", group " + std::to_string(o.group) + " of " +
-                          std::to_string(o.group_count)));
+        conn_,
+        Status(ErrorCode::kInvalidArgument,
+               "replica at " + peer_ + " says it is shard " + std::to_string(hello.shard()) +
+                   " of " + std::to_string(hello.shard_count()) + ", group " +
+                   std::to_string(hello.group()) + " of " + std::to_string(hello.group_count()) +
+                   "; this reducer is shard " + std::to_string(o.shard) + " of " +
+                   std::to_string(o.shard_count) + ", group " + std::to_string(o.group) + " of " +
+                   std::to_string(o.group_count)));
   }
   if (Status s = conn_->attach_data_path(hello.data_path()); !s.is_ok()) {
     return reject_stream(conn_, s.with_context("data path of replica group " +
                                                std::to_string(hello.group()) + " at " + peer_));
   }
   wire::Control welcome;
-  if (Status s =
-          conn_->describe_data_path(welcome.mutable_replica_welcome()->mutable_data_path());
+  if (Status s = conn_->describe_data_path(welcome.mutable_replica_welcome()->mutable_data_path());
       !s.is_ok()) {
     return reject_stream(
         conn_, s.with_context("data path for replica group " + std::to_string(hello.group())));
@@ -101,9 +101,9 @@ PayloadAction ReplicaSession::on_data_header(const FrameHeader& h) {
   }
   auto it = jobs_.find(h.job);
   if (it == jobs_.end()) {
-    return PayloadAction::close(Status(ErrorCode::kProtocol, "partial of a job replica " + peer_ +
-                                                                 " did not announce: " +
-                                                                 describe(h)));
+    return PayloadAction::close(
+        Status(ErrorCode::kProtocol,
+               "partial of a job replica " + peer_ + " did not announce: " + describe(h)));
   }
   partial_job_ = it->second.job.lock();
   if (!partial_job_) {
@@ -141,7 +141,8 @@ void ReplicaSession::on_closed(const Status& why) {
   const bool expected =
       why.code() == ErrorCode::kCancelled || why.code() == ErrorCode::kUnavailable;
   spdlog::log(expected ? spdlog::level::info : spdlog::level::warn,
-              "inbound stream of replica group {} ({}) closed: {}", *group_, peer_, why.to_string());
+              "inbound stream of replica group {} ({}) closed: {}", *group_, peer_,
+              why.to_string());
   context_->replicas->stream_down(*group_, StreamDirection::kInbound, why);
 }
 

@@ -26,9 +26,8 @@ Result<std::vector<HostPort>> read_pool_list(const ReducerOptions& o) {
   if (out->size() != want) {
     return Status(ErrorCode::kInvalidArgument,
                   "the pool list has " + std::to_string(out->size()) + " addresses, a pool of " +
-                      std::to_string(o.shard_count) + " shards x " +
-                      std::to_string(o.group_count) + " groups has " + std::to_string(want) +
-                      " (in (group, shard) order)");
+                      std::to_string(o.shard_count) + " shards x " + std::to_string(o.group_count) +
+                      " groups has " + std::to_string(want) + " (in (group, shard) order)");
   }
   return out;
 }

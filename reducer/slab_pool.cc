@@ -57,10 +57,10 @@ Slab::~Slab() { quota_->give(data_); }
 Result<std::shared_ptr<SlabQuota>> SlabQuota::reserve(std::shared_ptr<SlabPool> pool, size_t n) {
   auto slabs = pool->take(n);
   if (slabs.size() != n) {
-    return Status(ErrorCode::kResourceExhausted,
-                  "reducer memory budget exhausted: a job needs " + std::to_string(n) +
-                      " chunk buffers, " + std::to_string(pool->available()) + " of " +
-                      std::to_string(pool->total()) + " are free");
+    return Status(ErrorCode::kResourceExhausted, "reducer memory budget exhausted: a job needs " +
+                                                     std::to_string(n) + " chunk buffers, " +
+                                                     std::to_string(pool->available()) + " of " +
+                                                     std::to_string(pool->total()) + " are free");
   }
   return std::shared_ptr<SlabQuota>(new SlabQuota(std::move(pool), std::move(slabs)));
 }

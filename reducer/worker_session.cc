@@ -48,22 +48,20 @@ PayloadAction WorkerSession::on_data_header(const FrameHeader& h) {
         Status(ErrorCode::kProtocol, "unexpected " + describe(h) + " from worker " + peer_));
   }
   if (h.job != job_->id() || h.rank != rank_) {
-    return PayloadAction::close(
-        Status(ErrorCode::kProtocol, "frame from " + peer_ + " names job " +
-                                         std::to_string(h.job) + " rank " +
-                                         std::to_string(h.rank) + ", but the stream is job '" +
-                                         job_->name() + "' rank " + std::to_string(rank_)));
+    return PayloadAction::close(Status(
+        ErrorCode::kProtocol, "frame from " + peer_ + " names job " + std::to_string(h.job) +
+                                  " rank " + std::to_string(h.rank) + ", but the stream is job '" +
+                                  job_->name() + "' rank " + std::to_string(rank_)));
   }
   // A worker sends its chunks in (op, chunk) order on each stream, so a
   // repeat or a step back is a duplicate, never a retry of a live chunk.
   const std::pair<uint64_t, uint32_t> key{h.op, h.chunk};
   if (last_key_ && key <= *last_key_) {
-    return PayloadAction::close(Status(
-        ErrorCode::kProtocol, "rank " + std::to_string(rank_) + " sent op " +
-                                  std::to_string(h.op) + " chunk " + std::to_string(h.chunk) +
-                                  " after op " + std::to_string(last_key_->first) + " chunk " +
-                                  std::to_string(last_key_->second) +
-                                  ": duplicate or out of order"));
+    return PayloadAction::close(
+        Status(ErrorCode::kProtocol,
+               "rank " + std::to_string(rank_) + " sent op " + std::to_string(h.op) + " chunk " +
+                   std::to_string(h.chunk) + " after op " + std::to_string(last_key_->first) +
+                   " chunk " + std::to_string(last_key_->second) + ": duplicate or out of order"));
   }
   PayloadAction action = job_->on_contribution_header(shared_from_this(), h, pending_);
   if (action.kind == PayloadAction::Kind::kReceive ||
@@ -88,7 +86,8 @@ void WorkerSession::on_control(const wire::Control& message) {
     spdlog::warn("worker {} reports: {}", peer_, status_from_error(message.error()).to_string());
     return;
   }
-  reject_stream(conn_, Status(ErrorCode::kProtocol, "unexpected control message from worker " + peer_));
+  reject_stream(conn_,
+                Status(ErrorCode::kProtocol, "unexpected control message from worker " + peer_));
 }
 
 void WorkerSession::on_closed(const Status& why) {

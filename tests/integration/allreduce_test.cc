@@ -41,7 +41,8 @@ std::string short_dtype(const std::string& d) {
 
 std::string name_of(const Case& c) {
   const size_t esize = dtype_size(*parse_dtype(c.dtype));
-  std::string name = std::string(c.transport == "fabric" ? "Fabric" : "Tcp") + "_W" + std::to_string(c.workers) + "_S" + std::to_string(c.shards) + "_G" +
+  std::string name = std::string(c.transport == "fabric" ? "Fabric" : "Tcp") + "_W" +
+                     std::to_string(c.workers) + "_S" + std::to_string(c.shards) + "_G" +
                      std::to_string(c.groups) + "_" + std::to_string(c.count * esize) + "B_" +
                      short_dtype(c.dtype);
   if (c.redop != "sum") name += "_" + c.redop;
@@ -65,19 +66,21 @@ TEST_P(AllreduceTest, EveryWorkerGetsTheExactSum) {
   if (c.chunk_bytes > 4096) {
     // Chunks this large need a larger limit; the budget holds eight jobs'
     // worth of buffers (window + 2 each), so the three workers never wait.
-    spec.reducer_args = {"--max-chunk-bytes", std::to_string(c.chunk_bytes), "--memory-budget",
-                         std::to_string(8 * (4 + 2) * c.chunk_bytes), "--window", "4", "--io-threads", "2",
-                         "--log-level", "info"};
+    spec.reducer_args = {"--max-chunk-bytes", std::to_string(c.chunk_bytes),
+                         "--memory-budget",   std::to_string(8 * (4 + 2) * c.chunk_bytes),
+                         "--window",          "4",
+                         "--io-threads",      "2",
+                         "--log-level",       "info"};
   }
   TestCluster cluster(spec);
   ASSERT_TRUE(cluster.ok()) << cluster.error();
-  WorkerGroup workers(
-      cluster, "w", unique_job("allreduce"), c.workers,
-      [&](uint32_t) {
-        return Args{"--count", std::to_string(c.count), "--dtype", c.dtype, "--op", c.redop, "--ops",
-                    std::to_string(c.ops)};
-      },
-      {{"TALLY_CHUNK_BYTES", std::to_string(c.chunk_bytes)}});
+  WorkerGroup workers(cluster, "w", unique_job("allreduce"), c.workers,
+                      [&](uint32_t) {
+                        return Args{
+                            "--count", std::to_string(c.count), "--dtype", c.dtype, "--op", c.redop,
+                            "--ops",   std::to_string(c.ops)};
+                      },
+                      {{"TALLY_CHUNK_BYTES", std::to_string(c.chunk_bytes)}});
   for (uint32_t r = 0; r < c.workers; ++r) {
     WorkerOutput out = workers.wait(r, std::chrono::seconds(60));
     EXPECT_EQ(out.exit_code, 0) << "rank " << r << ":\n" << out.out;
@@ -97,8 +100,8 @@ std::vector<Case> over_transports(const std::vector<Case>& tcp_cases) {
 
 std::vector<Case> sweep() {
   std::vector<Case> cases;
-  const std::vector<uint64_t> counts = {0, 1, kChunkElems - 1, kChunkElems + 1, 1009,
-                                        37 * kChunkElems + 5};
+  const std::vector<uint64_t> counts = {
+      0, 1, kChunkElems - 1, kChunkElems + 1, 1009, 37 * kChunkElems + 5};
   for (uint32_t w : {1u, 2u, 3u, 4u, 8u}) {
     for (uint32_t s : {1u, 2u, 3u}) {
       for (uint64_t n : counts) {
@@ -154,7 +157,8 @@ std::vector<Case> types_and_ops() {
   return over_transports(cases);
 }
 
-INSTANTIATE_TEST_SUITE_P(TypesAndOps, AllreduceTest, ::testing::ValuesIn(types_and_ops()), case_name);
+INSTANTIATE_TEST_SUITE_P(TypesAndOps, AllreduceTest, ::testing::ValuesIn(types_and_ops()),
+                         case_name);
 
 // Replica groups: S shards x G groups of reducers, W workers split into G
 // groups (contiguous blocks; with W = 2G + 1 they are of unequal size). One
@@ -215,8 +219,9 @@ TEST_P(GroupsTest, EveryWorkerOfEveryGroupGetsTheSameExactSum) {
   std::string counts;
   for (uint64_t n : c.counts) counts += (counts.empty() ? "" : ",") + std::to_string(n);
   WorkerGroup workers(cluster, "w", unique_job("groups"), c.workers, [&](uint32_t) {
-    return Args{"--counts", counts, "--ops", std::to_string(c.counts.size()), "--dtype", c.dtype,
-                "--op", c.redop, "--pattern", c.pattern};
+    return Args{"--counts",  counts,   "--ops", std::to_string(c.counts.size()),
+                "--dtype",   c.dtype,  "--op",  c.redop,
+                "--pattern", c.pattern};
   });
   std::map<int, std::string> reference;
   for (uint32_t r = 0; r < c.workers; ++r) {
@@ -236,7 +241,8 @@ TEST_P(GroupsTest, EveryWorkerOfEveryGroupGetsTheSameExactSum) {
 
 std::vector<GroupCase> group_sweep() {
   std::vector<GroupCase> cases;
-  const std::vector<uint64_t> all = {0, 1, kChunkElems - 1, kChunkElems + 1, 1009, 37 * kChunkElems + 5};
+  const std::vector<uint64_t> all = {
+      0, 1, kChunkElems - 1, kChunkElems + 1, 1009, 37 * kChunkElems + 5};
   const std::vector<uint64_t> few = {1, kChunkElems + 1, 37 * kChunkElems + 5};
   for (uint32_t g = 1; g <= 5; ++g) {
     for (uint32_t s : {1u, 2u}) {
@@ -292,7 +298,8 @@ std::vector<GroupCase> order_sensitive() {
   return cases;
 }
 
-INSTANTIATE_TEST_SUITE_P(OrderSensitive, GroupsTest, ::testing::ValuesIn(order_sensitive()), group_case_name);
+INSTANTIATE_TEST_SUITE_P(OrderSensitive, GroupsTest, ::testing::ValuesIn(order_sensitive()),
+                         group_case_name);
 
 // Groups with the workers on the libfabric data path: a power of two, a
 // fold (G = 3, unequal groups) and order-sensitive floats.
@@ -313,7 +320,8 @@ std::vector<GroupCase> groups_over_fabric() {
   return cases;
 }
 
-INSTANTIATE_TEST_SUITE_P(Fabric, GroupsTest, ::testing::ValuesIn(groups_over_fabric()), group_case_name);
+INSTANTIATE_TEST_SUITE_P(Fabric, GroupsTest, ::testing::ValuesIn(groups_over_fabric()),
+                         group_case_name);
 
 }  // namespace
 }  // namespace tally::testing

@@ -42,7 +42,9 @@ TEST_P(TransportFault, KilledWorkerFailsTheOthersWithinTheDeadline) {
   ASSERT_TRUE(cluster.ok()) << cluster.error();
   const auto op_timeout = 4000ms;
   WorkerGroup workers(cluster, "w", unique_job("kill"), 3,
-                      [](uint32_t) { return Args{"--count", "9477", "--ops", "200000"}; },
+                      [](uint32_t) {
+                        return Args{"--count", "9477", "--ops", "200000"};
+                      },
                       {{"TALLY_OP_TIMEOUT_MS", std::to_string(op_timeout.count())}});
   ASSERT_TRUE(eventually([&] { return contains(workers.stdout_of(1), "op 20 ok"); }, 30s))
       << workers.stdout_of(1);
@@ -67,7 +69,9 @@ TEST_P(TransportFault, KilledReducerFailsEveryWorker) {
   ASSERT_TRUE(cluster.ok()) << cluster.error();
   const auto op_timeout = 4000ms;
   WorkerGroup workers(cluster, "w", unique_job("reducer-kill"), 2,
-                      [](uint32_t) { return Args{"--count", "9477", "--ops", "200000"}; },
+                      [](uint32_t) {
+                        return Args{"--count", "9477", "--ops", "200000"};
+                      },
                       {{"TALLY_OP_TIMEOUT_MS", std::to_string(op_timeout.count())}});
   ASSERT_TRUE(eventually([&] { return contains(workers.stdout_of(0), "op 20 ok"); }, 30s))
       << workers.stdout_of(0);
@@ -84,7 +88,6 @@ TEST_P(TransportFault, KilledReducerFailsEveryWorker) {
   // The surviving shard is still up.
   EXPECT_FALSE(cluster.reducer(0).wait_for(0ms).has_value());
 }
-
 
 TEST_P(TransportFault, StragglerTimesOutNamingTheRank) {
   TALLY_SKIP_UNLESS_TRANSPORT(GetParam());
@@ -107,7 +110,8 @@ TEST_P(TransportFault, StragglerTimesOutNamingTheRank) {
   // The straggler's late op is refused, not summed with nothing.
   auto out1 = workers.wait(1, 15s);
   EXPECT_EQ(out1.exit_code, 3) << out1.out;
-  EXPECT_TRUE(contains(cluster.reducer_log(0), "still waiting for ranks [1]")) << cluster.reducer_log(0);
+  EXPECT_TRUE(contains(cluster.reducer_log(0), "still waiting for ranks [1]"))
+      << cluster.reducer_log(0);
 }
 
 TEST_P(TransportFault, MismatchedSizesFailEveryRankNamingThem) {
@@ -180,7 +184,8 @@ TEST_P(TransportFault, OpsAfterAMismatchedOpAreExact) {
   ASSERT_TRUE(cluster.ok()) << cluster.error();
   WorkerGroup workers(cluster, "w", unique_job("mismatch-then-ok"), 3,
                       [](uint32_t r) {
-                        return Args{"--counts", r == 2 ? "9478,1009,9477,1,9477" : "9477,1009,9477,1,9477",
+                        return Args{"--counts",
+                                    r == 2 ? "9478,1009,9477,1,9477" : "9477,1009,9477,1,9477",
                                     "--ops", "5", "--keep-going"};
                       },
                       {{"TALLY_OP_TIMEOUT_MS", "4000"}});
@@ -203,7 +208,8 @@ TEST_P(TransportFault, OpsAfterATimedOutOpAreExact) {
   WorkerGroup workers(cluster, "w", unique_job("late-then-ok"), 2,
                       [](uint32_t r) {
                         Args args{"--count", "9477", "--ops", "4", "--keep-going"};
-                        if (r == 1) args.insert(args.end(), {"--stall-ms", "2800", "--stall-op", "1"});
+                        if (r == 1)
+                          args.insert(args.end(), {"--stall-ms", "2800", "--stall-op", "1"});
                         return args;
                       },
                       {{"TALLY_OP_TIMEOUT_MS", std::to_string(op_timeout.count())}});
@@ -223,7 +229,8 @@ TEST(Fault, HalfPrecisionIsRefusedClearly) {
   TestCluster cluster(PoolSpec{});
   ASSERT_TRUE(cluster.ok()) << cluster.error();
   const std::string job = unique_job("half");
-  auto p = cluster.spawn_worker("w0", {"--count", "300", "--dtype", "half"}, cluster.worker_env(job, 0, 1));
+  auto p = cluster.spawn_worker("w0", {"--count", "300", "--dtype", "half"},
+                                cluster.worker_env(job, 0, 1));
   auto out = wait_worker(p, cluster, "w0", 15s);
   EXPECT_EQ(out.exit_code, 3) << out.out;
   EXPECT_TRUE(contains(out.out, "unimplemented")) << out.out;
@@ -265,7 +272,8 @@ TEST(Fault, PoolListedOutOfShardOrderIsRefused) {
   spec.shards = 2;
   TestCluster cluster(spec);
   ASSERT_TRUE(cluster.ok()) << cluster.error();
-  auto out = run_one(cluster, {{"TALLY_POOL", cluster.addresses()[1] + "," + cluster.addresses()[0]}}, 10s);
+  auto out = run_one(cluster,
+                     {{"TALLY_POOL", cluster.addresses()[1] + "," + cluster.addresses()[0]}}, 10s);
   EXPECT_EQ(out.exit_code, 2) << out.out;
   EXPECT_TRUE(contains(out.out, "shard order")) << out.out;
 }
@@ -275,7 +283,8 @@ TEST(Fault, UnreachablePoolFailsWithinTheConnectTimeout) {
   ASSERT_TRUE(cluster.ok()) << cluster.error();
   const auto t0 = std::chrono::steady_clock::now();
   // Nothing listens on port 1.
-  auto out = run_one(cluster, {{"TALLY_POOL", "127.0.0.1:1"}, {"TALLY_CONNECT_TIMEOUT_MS", "700"}}, 10s);
+  auto out =
+      run_one(cluster, {{"TALLY_POOL", "127.0.0.1:1"}, {"TALLY_CONNECT_TIMEOUT_MS", "700"}}, 10s);
   EXPECT_EQ(out.exit_code, 2) << out.out;
   EXPECT_TRUE(contains(out.out, "127.0.0.1:1")) << out.out;
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);

@@ -72,7 +72,8 @@ TestCluster::~TestCluster() {
     for (uint32_t s = 0; s < 64; ++s) {
       std::string log = read_file(dir_.path() + "/reducer-" + std::to_string(s) + ".log");
       if (log.empty()) break;
-      std::cerr << "---- reducer " << s << " log ----\n" << log.substr(log.size() > 4000 ? log.size() - 4000 : 0);
+      std::cerr << "---- reducer " << s << " log ----\n"
+                << log.substr(log.size() > 4000 ? log.size() - 4000 : 0);
     }
   }
 }
@@ -104,13 +105,14 @@ std::string transport_unavailable(const std::string& transport) {
   return why;
 }
 
-bench::Process TestCluster::spawn_worker(const std::string& name, const std::vector<std::string>& args,
+bench::Process TestCluster::spawn_worker(const std::string& name,
+                                         const std::vector<std::string>& args,
                                          const std::map<std::string, std::string>& env) {
   return spawn_logged(TALLY_TEST_WORKER_PATH, dir_.path(), name, args, env);
 }
 
-bench::Process spawn_logged(const std::string& path, const std::string& dir, const std::string& name,
-                            const std::vector<std::string>& args,
+bench::Process spawn_logged(const std::string& path, const std::string& dir,
+                            const std::string& name, const std::vector<std::string>& args,
                             const std::map<std::string, std::string>& env) {
   bench::ProcessSpec spec;
   spec.path = path;
@@ -146,7 +148,12 @@ Child spawn_child(const std::string& dir, const std::string& name, const std::st
 
 WorkerOutput run_one(TestCluster& cluster, const std::map<std::string, std::string>& env,
                      std::chrono::milliseconds timeout) {
-  WorkerGroup one(cluster, "solo", unique_job("solo"), 1, [](uint32_t) { return Args{"--count", "10"}; }, env);
+  WorkerGroup one(
+      cluster, "solo", unique_job("solo"), 1,
+      [](uint32_t) {
+        return Args{"--count", "10"};
+      },
+      env);
   return one.wait(0, timeout);
 }
 
@@ -208,11 +215,14 @@ std::string unique_job(const std::string& hint) {
   return hint + "-" + std::to_string(getpid()) + "-" + std::to_string(n++);
 }
 
-bool contains(const std::string& s, const std::string& what) { return s.find(what) != std::string::npos; }
+bool contains(const std::string& s, const std::string& what) {
+  return s.find(what) != std::string::npos;
+}
 
 void expect_allreduce_works(TestCluster& cluster, uint32_t workers, const std::string& tag) {
-  WorkerGroup group(cluster, tag, unique_job(tag), workers,
-                    [](uint32_t) { return Args{"--count", "1009", "--ops", "3"}; });
+  WorkerGroup group(cluster, tag, unique_job(tag), workers, [](uint32_t) {
+    return Args{"--count", "1009", "--ops", "3"};
+  });
   for (uint32_t r = 0; r < workers; ++r) {
     auto out = group.wait(r, std::chrono::seconds(30));
     EXPECT_EQ(out.exit_code, 0) << tag << " rank " << r << ":\n" << out.out;

@@ -48,7 +48,8 @@ struct PoolSpec {
   uint32_t groups = 1;
   // Small buffers so a few KiB already make many chunks.
   std::vector<std::string> reducer_args{"--max-chunk-bytes", "4096", "--memory-budget", "1MiB",
-                                        "--window", "4", "--io-threads", "2", "--log-level", "info"};
+                                        "--window",          "4",    "--io-threads",    "2",
+                                        "--log-level",       "info"};
 };
 
 struct WorkerOutput {
@@ -105,8 +106,8 @@ class TestCluster {
 // `env` applied on top (for every rank).
 class WorkerGroup {
  public:
-  WorkerGroup(TestCluster& cluster, const std::string& prefix, const std::string& job, uint32_t world,
-              const std::function<Args(uint32_t)>& args_for,
+  WorkerGroup(TestCluster& cluster, const std::string& prefix, const std::string& job,
+              uint32_t world, const std::function<Args(uint32_t)>& args_for,
               const std::map<std::string, std::string>& env = {});
   bench::Process& process(uint32_t rank) { return procs_.at(rank); }
   std::string name(uint32_t rank) const { return prefix_ + std::to_string(rank); }
@@ -128,8 +129,8 @@ WorkerOutput run_one(TestCluster& cluster, const std::map<std::string, std::stri
 
 // Starts `path` with stdout and stderr in dir/<name>.out and .err; a spawn
 // failure fails the test and aborts (nothing sensible can follow).
-bench::Process spawn_logged(const std::string& path, const std::string& dir, const std::string& name,
-                            const std::vector<std::string>& args,
+bench::Process spawn_logged(const std::string& path, const std::string& dir,
+                            const std::string& name, const std::vector<std::string>& args,
                             const std::map<std::string, std::string>& env);
 
 // A process started from a test, its output in dir/<name>.out and .err.
@@ -158,10 +159,10 @@ bool eventually(const std::function<bool()>& pred, std::chrono::milliseconds tim
 // needs a libfabric build and the default provider on this machine.
 std::string transport_unavailable(const std::string& transport);
 // Skips the current test, with the reason, when its transport cannot run.
-#define TALLY_SKIP_UNLESS_TRANSPORT(transport)                                    \
-  do {                                                                           \
+#define TALLY_SKIP_UNLESS_TRANSPORT(transport)                                         \
+  do {                                                                                 \
     const std::string tally_why_ = ::tally::testing::transport_unavailable(transport); \
-    if (!tally_why_.empty()) GTEST_SKIP() << tally_why_;                         \
+    if (!tally_why_.empty()) GTEST_SKIP() << tally_why_;                               \
   } while (0)
 
 // "Tcp" or "Fabric": the name of a case parametrised over the transport.

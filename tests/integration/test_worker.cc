@@ -18,10 +18,10 @@
 // result bytes) and a last line "ok" or "error <code name>: <message>".
 // Exit status: 0 all ops correct, 1 a wrong result, 2 could not connect,
 // 3 an op failed.
-#include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -60,7 +60,8 @@ tally::Result<bool> agree_to_stop(tally::Client& client, const std::string& stop
 // A fraction unique per rank and element; 1/(1 + k) for k < 97 is not
 // exact in binary, so sums depend on their order.
 double noisy_value(uint32_t rank, uint64_t i) {
-  return 1.0 / static_cast<double>(1 + (uint64_t{rank} * 131 + i * 7) % 97) + static_cast<double>(rank % 5);
+  return 1.0 / static_cast<double>(1 + (uint64_t{rank} * 131 + i * 7) % 97) +
+         static_cast<double>(rank % 5);
 }
 
 // Elements that are off from the exact sum by more than rounding allows.
@@ -71,7 +72,8 @@ size_t count_noisy_wrong(const T* data, uint64_t count, uint32_t world, bool ave
     double exact = 0;
     for (uint32_t r = 0; r < world; ++r) exact += static_cast<T>(noisy_value(r, i));
     if (average) exact /= world;
-    const double tolerance = std::abs(exact) * world * 4 * std::numeric_limits<T>::epsilon() + 1e-30;
+    const double tolerance =
+        std::abs(exact) * world * 4 * std::numeric_limits<T>::epsilon() + 1e-30;
     if (std::abs(static_cast<double>(data[i]) - exact) > tolerance) ++wrong;
   }
   return wrong;
@@ -96,7 +98,8 @@ int run(tally::Client& client, tally::DType dtype, tally::RedOp redop, const Pla
   const int stall_op = plan.stall_op >= 0 ? plan.stall_op : ops - 1;
   for (int op = 0; op < ops; ++op) {
     const uint64_t count = plan.counts[static_cast<size_t>(op) % plan.counts.size()];
-    if (stall_ms > 0 && op == stall_op) std::this_thread::sleep_for(std::chrono::milliseconds(stall_ms));
+    if (stall_ms > 0 && op == stall_op)
+      std::this_thread::sleep_for(std::chrono::milliseconds(stall_ms));
     if (plan.noisy) {
       for (uint64_t i = 0; i < count; ++i) data[i] = static_cast<T>(noisy_value(client.rank(), i));
     } else {
@@ -104,10 +107,12 @@ int run(tally::Client& client, tally::DType dtype, tally::RedOp redop, const Pla
     }
     const auto t0 = std::chrono::steady_clock::now();
     Status s = client.allreduce(data.data(), count, dtype, redop);
-    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                        std::chrono::steady_clock::now() - t0).count();
+    const auto ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
+            .count();
     if (!s && plan.keep_going) {
-      std::printf("op %d error after %lld ms %s\n", op, static_cast<long long>(ms), s.to_string().c_str());
+      std::printf("op %d error after %lld ms %s\n", op, static_cast<long long>(ms),
+                  s.to_string().c_str());
       std::fflush(stdout);
       continue;
     }
@@ -117,10 +122,12 @@ int run(tally::Client& client, tally::DType dtype, tally::RedOp redop, const Pla
       return 3;
     }
     const bool average = redop == tally::RedOp::kAverage;
-    size_t wrong = plan.noisy ? count_noisy_wrong(data.data(), count, client.world_size(), average)
-                              : tally::bench::count_wrong(data.data(), count, client.world_size(), redop);
+    size_t wrong = plan.noisy
+                       ? count_noisy_wrong(data.data(), count, client.world_size(), average)
+                       : tally::bench::count_wrong(data.data(), count, client.world_size(), redop);
     if (wrong) {
-      std::printf("wrong op %d: %zu of %llu elements\n", op, wrong, static_cast<unsigned long long>(count));
+      std::printf("wrong op %d: %zu of %llu elements\n", op, wrong,
+                  static_cast<unsigned long long>(count));
       std::fflush(stdout);
       return 1;
     }
@@ -152,9 +159,11 @@ int main(int argc, char** argv) {
   std::string log_level = "warn";
   CLI::App app{"tally-test-worker"};
   app.add_option("--count", count, "elements per op");
-  app.add_option("--counts", plan.counts, "elements of op i: the (i mod n)-th of these (instead of --count)")
+  app.add_option("--counts", plan.counts,
+                 "elements of op i: the (i mod n)-th of these (instead of --count)")
       ->delimiter(',');
-  app.add_option("--stop-file", plan.stop_file, "all ranks stop after the first op where one sees this file");
+  app.add_option("--stop-file", plan.stop_file,
+                 "all ranks stop after the first op where one sees this file");
   app.add_option("--log-level", log_level, "the client library's log level (stderr)");
   std::string pattern = "exact";
   app.add_option("--pattern", pattern, "exact (closed-form integer sums) or noisy (fractions)");
@@ -191,10 +200,14 @@ int main(int argc, char** argv) {
               static_cast<int>(getpid()));
   std::fflush(stdout);
   switch (*dtype) {
-    case tally::DType::kFloat32: return run<float>(**client, *dtype, *redop, plan);
-    case tally::DType::kFloat64: return run<double>(**client, *dtype, *redop, plan);
-    case tally::DType::kInt32: return run<int32_t>(**client, *dtype, *redop, plan);
-    case tally::DType::kInt64: return run<int64_t>(**client, *dtype, *redop, plan);
+    case tally::DType::kFloat32:
+      return run<float>(**client, *dtype, *redop, plan);
+    case tally::DType::kFloat64:
+      return run<double>(**client, *dtype, *redop, plan);
+    case tally::DType::kInt32:
+      return run<int32_t>(**client, *dtype, *redop, plan);
+    case tally::DType::kInt64:
+      return run<int64_t>(**client, *dtype, *redop, plan);
     default: {
       // 16-bit types: the pattern is checked by the reducer's refusal only.
       std::vector<uint16_t> data(count);

@@ -67,12 +67,15 @@ Outcome simulate(uint32_t n, uint64_t elements) {
       }
       if (!s.recv.empty()) {
         auto& wire = wires[{s.partner, i}];
-        auto it = std::find_if(wire.begin(), wire.end(), [&](const Message& m) { return m.tag == s.tag; });
+        auto it = std::find_if(wire.begin(), wire.end(),
+                               [&](const Message& m) { return m.tag == s.tag; });
         if (it == wire.end()) continue;
-        EXPECT_EQ(it->range, s.recv) << "n=" << n << " E=" << elements << " participant " << i << " tag " << s.tag;
+        EXPECT_EQ(it->range, s.recv)
+            << "n=" << n << " E=" << elements << " participant " << i << " tag " << s.tag;
         for (uint64_t e = s.recv.begin; e < s.recv.end; ++e) {
           const std::string& v = it->values[e - s.recv.begin];
-          out.values[i][e] = s.apply == ButterflyStep::Apply::kAdd ? combine(out.values[i][e], v) : v;
+          out.values[i][e] =
+              s.apply == ButterflyStep::Apply::kAdd ? combine(out.values[i][e], v) : v;
         }
         EXPECT_NE(s.apply, ButterflyStep::Apply::kNone);
         out.received[i] += s.recv.size();
@@ -83,8 +86,10 @@ Outcome simulate(uint32_t n, uint64_t elements) {
       progress = true;
     }
   }
-  for (uint32_t i = 0; i < n; ++i) EXPECT_EQ(pc[i], schedules[i].size()) << "participant " << i << " stuck";
-  for (auto& [key, wire] : wires) EXPECT_TRUE(wire.empty()) << "unreceived frame " << key.first << "->" << key.second;
+  for (uint32_t i = 0; i < n; ++i)
+    EXPECT_EQ(pc[i], schedules[i].size()) << "participant " << i << " stuck";
+  for (auto& [key, wire] : wires)
+    EXPECT_TRUE(wire.empty()) << "unreceived frame " << key.first << "->" << key.second;
   return out;
 }
 
@@ -104,12 +109,14 @@ bool sums_each_once(const std::string& tree, uint32_t n) {
 
 TEST(Butterfly, EveryReplicaEndsWithTheSameFullSum) {
   for (uint32_t n = 1; n <= 8; ++n) {
-    for (uint64_t elements : {1ull, 2ull, 3ull, 4ull, 5ull, 7ull, 8ull, 9ull, 31ull, 100ull, 1009ull}) {
+    for (uint64_t elements :
+         {1ull, 2ull, 3ull, 4ull, 5ull, 7ull, 8ull, 9ull, 31ull, 100ull, 1009ull}) {
       SCOPED_TRACE("n=" + std::to_string(n) + " E=" + std::to_string(elements));
       Outcome out = simulate(n, elements);
       for (uint64_t e = 0; e < elements; ++e) {
         ASSERT_TRUE(sums_each_once(out.values[0][e], n)) << out.values[0][e];
-        for (uint32_t i = 1; i < n; ++i) ASSERT_EQ(out.values[i][e], out.values[0][e]) << "element " << e;
+        for (uint32_t i = 1; i < n; ++i)
+          ASSERT_EQ(out.values[i][e], out.values[0][e]) << "element " << e;
       }
     }
   }

@@ -4,6 +4,8 @@
 // the pending path, disagreement, duplicates, losses and the memory quota;
 // and, with replica groups, Jobs of three groups combining their partials
 // through an in-process queue whose delivery order the test controls.
+#include "tally/reducer/job.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,7 +15,6 @@
 #include <vector>
 
 #include "tally.pb.h"
-#include "tally/reducer/job.h"
 
 namespace tally {
 namespace {
@@ -25,8 +26,9 @@ class RecordingMember : public JobMember {
   const std::string& peer() const override { return peer_; }
   void send_result(const FrameHeader& header, std::shared_ptr<Slab> slab) override {
     std::lock_guard lock(mu);
-    results.push_back({header, std::vector<float>(reinterpret_cast<float*>(slab->data()),
-                                                  reinterpret_cast<float*>(slab->data()) + header.length / 4)});
+    results.push_back(
+        {header, std::vector<float>(reinterpret_cast<float*>(slab->data()),
+                                    reinterpret_cast<float*>(slab->data()) + header.length / 4)});
   }
   void send_control(std::shared_ptr<const wire::Control> message) override {
     std::lock_guard lock(mu);
@@ -146,7 +148,8 @@ TEST(Accumulator, AverageIsDividedOnceByTheWorldSize) {
   auto a1 = f.offer(h1, p1);
   f.deliver(h1, p1, a1.dst);
   f.deliver(h0, p0, a0.dst);
-  for (size_t i = 0; i < 8; ++i) EXPECT_EQ(f.members[0]->results[0].values[i], expected_sum(2, i) / 2.0f);
+  for (size_t i = 0; i < 8; ++i)
+    EXPECT_EQ(f.members[0]->results[0].values[i], expected_sum(2, i) / 2.0f);
 }
 
 TEST(Accumulator, DisagreeingCountFailsTheOpForEveryoneNamingBothRanks) {
@@ -219,7 +222,8 @@ TEST(Accumulator, LostRankFailsUnfinishedChunksAndLaterOps) {
   Fixture f(3);
   PendingContribution p0;
   f.offer(f.header(0, 5, 0, 8, 0, 32), p0);
-  f.job->leave(f.members[2].get(), Status(ErrorCode::kPeerLost, "connection reset"), Departure::kLost);
+  f.job->leave(f.members[2].get(), Status(ErrorCode::kPeerLost, "connection reset"),
+               Departure::kLost);
   for (uint32_t r : {0u, 1u}) {
     ASSERT_EQ(f.members[r]->errors.size(), 1u);
     EXPECT_EQ(f.members[r]->errors[0].error().code(), wire::PEER_LOST);
@@ -258,7 +262,8 @@ TEST(Accumulator, RejoinedRankIsNotSentASumFromItsPreviousStream) {
   auto h1 = f.header(1, 4, 0, 8, 0, 32);
   auto a1 = f.offer(h1, p1);
   f.deliver(h1, p1, a1.dst);
-  f.job->leave(f.members[1].get(), Status(ErrorCode::kCancelled, "restarting"), Departure::kGoodbye);
+  f.job->leave(f.members[1].get(), Status(ErrorCode::kCancelled, "restarting"),
+               Departure::kGoodbye);
   auto rejoined = std::make_shared<RecordingMember>(1);
   ASSERT_TRUE(f.job->join(rejoined).is_ok());
   auto h0 = f.header(0, 4, 0, 8, 0, 32);
@@ -285,7 +290,6 @@ TEST(Accumulator, SweepTimesOutNamingMissingRanks) {
   EXPECT_NE(e.message().find("waiting for ranks [1,2]"), std::string::npos) << e.message();
 }
 
-
 // ---------------------------------------------------------------------------
 // Replica groups: three Jobs, one per group, joined by an in-process mesh
 // that queues every partial until the test delivers it, so the order of
@@ -305,8 +309,9 @@ struct QueuedPartial {
 class QueueMesh : public ReplicaMesh {
  public:
   QueueMesh(std::vector<QueuedPartial>& wire, uint32_t self) : wire_(wire), self_(self) {}
-  void send_partial(uint32_t group, const FrameHeader& header, std::shared_ptr<Slab> slab, size_t byte_offset,
-                    std::chrono::steady_clock::time_point, SendDone done) override {
+  void send_partial(uint32_t group, const FrameHeader& header, std::shared_ptr<Slab> slab,
+                    size_t byte_offset, std::chrono::steady_clock::time_point,
+                    SendDone done) override {
     std::lock_guard lock(mu_);
     wire_.push_back({self_, group, header, std::move(slab), byte_offset, std::move(done)});
   }
@@ -315,7 +320,9 @@ class QueueMesh : public ReplicaMesh {
     controls.emplace_back(group, *message);
   }
   std::optional<Status> lost(uint32_t) const override { return std::nullopt; }
-  std::string describe(uint32_t group) const override { return "replica group " + std::to_string(group); }
+  std::string describe(uint32_t group) const override {
+    return "replica group " + std::to_string(group);
+  }
 
   std::vector<std::pair<uint32_t, wire::Control>> controls;
 
@@ -337,8 +344,8 @@ struct Pool {
       settings.group_sizes = {2, 2, 1};
       settings.op_timeout = std::chrono::milliseconds(1000);
       meshes.push_back(std::make_shared<QueueMesh>(wire, g));
-      jobs.push_back(std::make_shared<Job>(settings, *SlabQuota::reserve(slabs, Job::quota_slabs(1, 3)), counters,
-                                           meshes.back()));
+      jobs.push_back(std::make_shared<Job>(
+          settings, *SlabQuota::reserve(slabs, Job::quota_slabs(1, 3)), counters, meshes.back()));
     }
     for (uint32_t r = 0; r < 5; ++r) {
       members.push_back(std::make_shared<RecordingMember>(r));
@@ -397,7 +404,8 @@ void expect_same_result_everywhere(Pool& pool) {
   }
   for (auto& m : pool.members) {
     ASSERT_EQ(m->results.size(), 1u) << "rank " << m->rank();
-    EXPECT_EQ(std::memcmp(m->results[0].values.data(), reference.data(), pool.count * 4), 0) << "rank " << m->rank();
+    EXPECT_EQ(std::memcmp(m->results[0].values.data(), reference.data(), pool.count * 4), 0)
+        << "rank " << m->rank();
   }
 }
 
@@ -430,7 +438,8 @@ TEST(ReplicaGroups, OpFailureIsForwardedToTheOtherReplicas) {
   Pool pool(100);
   pool.contribute(0);
   // Rank 1 is lost before contributing: group 0 fails the op and tells groups 1 and 2.
-  pool.jobs[0]->leave(pool.members[1].get(), Status(ErrorCode::kPeerLost, "killed"), Departure::kLost);
+  pool.jobs[0]->leave(pool.members[1].get(), Status(ErrorCode::kPeerLost, "killed"),
+                      Departure::kLost);
   size_t forwarded = 0;
   for (auto& [group, message] : pool.meshes[0]->controls) {
     ASSERT_TRUE(message.has_replica_error());
@@ -454,7 +463,8 @@ TEST(ReplicaGroups, OpFailureIsForwardedToTheOtherReplicas) {
   h.count = 100;
   h.length = 400;
   PendingContribution p;
-  EXPECT_EQ(pool.jobs[2]->on_contribution_header(pool.members[4], h, p).kind, PayloadAction::Kind::kDiscard);
+  EXPECT_EQ(pool.jobs[2]->on_contribution_header(pool.members[4], h, p).kind,
+            PayloadAction::Kind::kDiscard);
 }
 
 TEST(ReplicaGroups, QuotaCoversThePartials) {

@@ -20,7 +20,7 @@ struct LocalPoolOptions {
   bool stats = false;
   std::string reducer_path;  // empty: tally-reducer beside this executable, then ../reducer/
   std::vector<std::string> extra_args;  // passed to every reducer
-  std::string log_dir;       // reducer stderr goes to log_dir/reducer-<index>.log; empty: inherit
+  std::string log_dir;  // reducer stderr goes to log_dir/reducer-<index>.log; empty: inherit
   std::chrono::milliseconds start_timeout{15000};
 };
 
@@ -47,7 +47,8 @@ class LocalPool {
   // Starts reducer `index` again, on the address it had (after it was
   // killed), with the same arguments, and waits until it listens.
   // Errors: as start().
-  Status restart(uint32_t index, std::chrono::milliseconds timeout = std::chrono::milliseconds(15000));
+  Status restart(uint32_t index,
+                 std::chrono::milliseconds timeout = std::chrono::milliseconds(15000));
   uint32_t shards() const { return shards_; }
   uint32_t groups() const { return groups_; }
 

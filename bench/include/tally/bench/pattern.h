@@ -16,7 +16,9 @@
 
 namespace tally::bench {
 
-inline uint64_t pattern_value(uint32_t rank, uint64_t i) { return (i % 1021) * 64 + (rank % 64) + 1; }
+inline uint64_t pattern_value(uint32_t rank, uint64_t i) {
+  return (i % 1021) * 64 + (rank % 64) + 1;
+}
 
 inline uint64_t pattern_sum(uint32_t world_size, uint64_t i) {
   uint64_t rank_part = 0;

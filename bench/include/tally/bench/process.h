@@ -16,10 +16,10 @@ namespace tally::bench {
 
 struct ProcessSpec {
   std::string path;
-  std::vector<std::string> args;            // without argv[0]
-  std::map<std::string, std::string> env;   // added to (or replacing in) this process's environment
-  std::string stdout_path;                  // empty: inherit
-  std::string stderr_path;                  // empty: inherit
+  std::vector<std::string> args;           // without argv[0]
+  std::map<std::string, std::string> env;  // added to (or replacing in) this process's environment
+  std::string stdout_path;                 // empty: inherit
+  std::string stderr_path;                 // empty: inherit
 };
 
 class Process {

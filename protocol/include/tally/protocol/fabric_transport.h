@@ -44,9 +44,9 @@ bool fabric_available();
 
 // What was opened, for logs and the bench header.
 struct FabricInfo {
-  std::string provider;  // e.g. "tcp;ofi_rxm"
-  std::string fabric;    // e.g. "127.0.0.1/32"
-  std::string domain;    // e.g. "lo"
+  std::string provider;       // e.g. "tcp;ofi_rxm"
+  std::string fabric;         // e.g. "127.0.0.1/32"
+  std::string domain;         // e.g. "lo"
   bool registration = false;  // buffers are registered (provider asks, or forced)
 };
 
@@ -86,7 +86,8 @@ class Fabric {
   // socket is bound to `local_ip` will use, instead of at the first such
   // connection (which would block that I/O thread for up to a second).
   // Thread-safe; blocks. Errors: as for open().
-  virtual Status prepare_endpoint(boost::asio::any_io_executor executor, const std::string& local_ip) = 0;
+  virtual Status prepare_endpoint(boost::asio::any_io_executor executor,
+                                  const std::string& local_ip) = 0;
 
   // Closes every endpoint and drops operations the provider never finished
   // (sends to dead peers). Call after the I/O threads have stopped and

@@ -85,25 +85,24 @@ class Result {
 
 }  // namespace tally
 
-#define TALLY_CHECK(cond)                                                        \
-  do {                                                                           \
-    if (!(cond)) {                                                               \
-      std::fprintf(stderr, "%s:%d: TALLY_CHECK(%s) failed\n", __FILE__, __LINE__, \
-                   #cond);                                                       \
-      std::abort();                                                              \
-    }                                                                            \
-  } while (0)
-
-#define TALLY_CHECK_OP(a, op, b)                                                          \
+#define TALLY_CHECK(cond)                                                                 \
   do {                                                                                    \
-    const auto& tally_a_ = (a);                                                           \
-    const auto& tally_b_ = (b);                                                           \
-    if (!(tally_a_ op tally_b_)) {                                                        \
-      std::fprintf(stderr, "%s:%d: TALLY_CHECK(%s %s %s) failed: %s vs %s\n", __FILE__, \
-                   __LINE__, #a, #op, #b, std::to_string(tally_a_).c_str(),               \
-                   std::to_string(tally_b_).c_str());                                     \
+    if (!(cond)) {                                                                        \
+      std::fprintf(stderr, "%s:%d: TALLY_CHECK(%s) failed\n", __FILE__, __LINE__, #cond); \
       std::abort();                                                                       \
     }                                                                                     \
+  } while (0)
+
+#define TALLY_CHECK_OP(a, op, b)                                                                  \
+  do {                                                                                            \
+    const auto& tally_a_ = (a);                                                                   \
+    const auto& tally_b_ = (b);                                                                   \
+    if (!(tally_a_ op tally_b_)) {                                                                \
+      std::fprintf(stderr, "%s:%d: TALLY_CHECK(%s %s %s) failed: %s vs %s\n", __FILE__, __LINE__, \
+                   #a, #op, #b, std::to_string(tally_a_).c_str(),                                 \
+                   std::to_string(tally_b_).c_str());                                             \
+      std::abort();                                                                               \
+    }                                                                                             \
   } while (0)
 #define TALLY_CHECK_EQ(a, b) TALLY_CHECK_OP(a, ==, b)
 #define TALLY_CHECK_LE(a, b) TALLY_CHECK_OP(a, <=, b)

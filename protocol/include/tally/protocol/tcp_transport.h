@@ -35,8 +35,8 @@ class TcpListener {
  public:
   using AcceptFn = std::function<void(boost::asio::ip::tcp::socket)>;
   // Binds and listens; port 0 picks a free port. Errors: kUnavailable.
-  static Result<std::unique_ptr<TcpListener>> listen(
-      std::vector<boost::asio::io_context*> contexts, const HostPort& address, AcceptFn on_accept);
+  static Result<std::unique_ptr<TcpListener>> listen(std::vector<boost::asio::io_context*> contexts,
+                                                     const HostPort& address, AcceptFn on_accept);
   ~TcpListener();
   boost::asio::ip::tcp::endpoint local_endpoint() const;
   // Stops accepting; safe from any thread.

@@ -30,7 +30,7 @@ namespace tally {
 namespace wire {
 class Control;
 class DataPath;
-}
+}  // namespace wire
 
 // Identifies a payload a receiver expects: the kind and (op, chunk) of a
 // frame on this connection.

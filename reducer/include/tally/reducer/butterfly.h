@@ -49,10 +49,10 @@ struct ElementRange {
 
 struct ButterflyStep {
   enum class Apply { kNone, kAdd, kCopy };
-  uint32_t partner = 0;  // participant index
-  uint32_t tag = 0;      // the same on both sides of the exchange
-  ElementRange send;     // sent to the partner first (empty: nothing sent)
-  ElementRange recv;     // then received from it (empty: nothing received)
+  uint32_t partner = 0;        // participant index
+  uint32_t tag = 0;            // the same on both sides of the exchange
+  ElementRange send;           // sent to the partner first (empty: nothing sent)
+  ElementRange recv;           // then received from it (empty: nothing received)
   Apply apply = Apply::kNone;  // what to do with what was received
 };
 

@@ -43,7 +43,7 @@ namespace wire {
 class Control;
 class Error;
 class ReplicaJob;
-}
+}  // namespace wire
 
 // A job's view of one worker stream. Implementations are thread-safe: every
 // method may be called from any I/O thread and must not block.

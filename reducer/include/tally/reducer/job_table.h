@@ -40,8 +40,8 @@ inline constexpr size_t kMaxJobNameBytes = 256;
 class JobTable {
  public:
   // `replicas` may be null with one group.
-  JobTable(const ReducerOptions& options, std::shared_ptr<SlabPool> pool,
-           ReducerCounters& counters, std::shared_ptr<ReplicaMesh> replicas);
+  JobTable(const ReducerOptions& options, std::shared_ptr<SlabPool> pool, ReducerCounters& counters,
+           std::shared_ptr<ReplicaMesh> replicas);
 
   // A worker's Hello: finds its job (checking that the world size and
   // groups agree) or creates it, and joins `member` to it. Errors:

@@ -8,8 +8,8 @@
 #include <memory>
 #include <string>
 
-#include "tally/protocol/status.h"
 #include "tally/protocol/fabric_transport.h"
+#include "tally/protocol/status.h"
 #include "tally/protocol/tcp_transport.h"
 
 namespace tally {

@@ -22,7 +22,7 @@ namespace tally {
 namespace wire {
 class Control;
 class Error;
-}
+}  // namespace wire
 
 // Sends to the other replicas of this reducer's shard. Groups are replica
 // group indices. Thread-safe; no method blocks or calls back into the
@@ -52,10 +52,9 @@ std::string replica_name(uint32_t shard, uint32_t group);
 // With `JobEnded::kYes` it says the sender's job has ended (its workers
 // left): the receiver fails only the ops still needing a partial from it.
 enum class JobEnded { kNo, kYes };
-std::shared_ptr<const wire::Control> replica_error_message(const std::string& job, const Status& status,
-                                                           std::optional<uint64_t> op = std::nullopt,
-                                                           const std::vector<uint32_t>& ranks = {},
-                                                           JobEnded ended = JobEnded::kNo);
+std::shared_ptr<const wire::Control> replica_error_message(
+    const std::string& job, const Status& status, std::optional<uint64_t> op = std::nullopt,
+    const std::vector<uint32_t>& ranks = {}, JobEnded ended = JobEnded::kNo);
 // The same around an Error message already built (resent as it is).
 std::shared_ptr<const wire::Control> replica_error_message(const std::string& job,
                                                            const wire::Error& error,
