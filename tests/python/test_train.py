@@ -63,7 +63,7 @@ def test_killed_reducer_raises_from_backward_within_the_op_timeout(tmp_path):
                 proc.wait()
     assert proc.returncode == 1, err
     print(err)
-    assert "PeerLostError" in err, err
+    assert "PeerLostError: lost reducer" in err, err
     assert "lost reducer %s (shard 1)" % pool.addresses[1] in err, err
     # Each rank reports how long its failing step took.
     failed = [line for line in err.splitlines() if " failed at step " in line]

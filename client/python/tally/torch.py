@@ -38,4 +38,12 @@ def allreduce_hook(state, bucket):
         state.allreduce_async(buffer, "avg", done)
     except Exception as e:  # refused at once (a GPU bucket, say): fail the future the same way
         future.set_exception(e)
-    return future
+    # Returned through then(): DDP (1.13) reads a failed future's value as the
+    # bucket ("Unable to cast <error> to Tensor"); a then() callback that
+    # raises marks its future failed for real, and backward() raises
+    # "RuntimeError: ... PeerLostError: lost reducer ...".
+    return future.then(_value)
+
+
+def _value(future):
+    return future.value()
