@@ -11,6 +11,7 @@
 #include <charconv>
 #include <condition_variable>
 #include <cstdlib>
+#include <cstring>
 #include <deque>
 #include <future>
 #include <limits>
@@ -29,6 +30,7 @@
 #include "tally/protocol/groups.h"
 #include "tally/protocol/pool.h"
 #include "tally/protocol/tcp_transport.h"
+#include "op_state.h"
 
 namespace tally {
 namespace asio = boost::asio;
@@ -78,12 +80,8 @@ struct Op {
   Status failure;
   std::optional<asio::steady_timer> deadline;
   std::optional<asio::steady_timer> drain;
-
-  // Completion, read by the calling thread.
-  std::mutex mu;
-  std::condition_variable cv;
-  bool done = false;
-  Status final;
+  // Where the caller learns the end (shared by the ops of a fused call).
+  std::shared_ptr<OpHandle::State> handle;
 };
 
 }  // namespace
@@ -118,6 +116,13 @@ struct Client::Impl {
   void on_op_error(uint64_t op_id, const Status& status);
   void on_link_closed(uint32_t shard, const Status& status);
   void pump(ShardLink& link);
+
+  // An op for `count` elements at `data`, or why the arguments are unusable.
+  Result<std::shared_ptr<Op>> make_op(void* data, size_t count, DType dtype, RedOp redop);
+  // Numbers `batch` (which may hold null entries: count-0 ops that only use
+  // a number) and posts its ops, with `handle` waiting for all of them.
+  OpHandle submit(const std::vector<std::shared_ptr<Op>>& batch,
+                  std::shared_ptr<OpHandle::State> handle, OpCallback on_done);
 };
 
 // The stream to one reducer.
@@ -453,10 +458,7 @@ void Client::Impl::maybe_finish(std::shared_ptr<Op> op) {
   if (op->deadline) op->deadline->cancel();
   if (op->drain) op->drain->cancel();
   ops.erase(op->id);
-  std::lock_guard lock(op->mu);
-  op->final = op->failed ? op->failure : Status::ok();
-  op->done = true;
-  op->cv.notify_all();
+  op->handle->end_one(op->failed ? op->failure : Status::ok());
 }
 
 void Client::Impl::on_op_error(uint64_t op_id, const Status& status) {
@@ -700,12 +702,21 @@ Client::~Client() {
   impl_->guard.reset();
   if (impl_->thread.joinable()) impl_->thread.join();
   if (impl_->fabric) impl_->fabric->close();
+  // Nothing touches a caller's buffer any more: end what is still in flight
+  // (every start_op was posted before the goodbyes, so it has run).
+  for (auto& [id, op] : impl_->ops) {
+    if (op->finished) continue;
+    op->finished = true;
+    op->handle->end_one(op->failed ? op->failure
+                                   : Status(ErrorCode::kCancelled, "client closed with op " +
+                                                                       std::to_string(id) + " in flight"));
+  }
+  impl_->ops.clear();
   // Break the link <-> connection cycles of streams that never opened.
   impl_->links.clear();
 }
 
-Status Client::allreduce(void* data, size_t count, DType dtype, RedOp redop) {
-  auto op = std::make_shared<Op>();
+Result<std::shared_ptr<Op>> Client::Impl::make_op(void* data, size_t count, DType dtype, RedOp redop) {
   const size_t esize = dtype_size(dtype);
   if (esize == 0) return Status(ErrorCode::kInvalidArgument, "unknown dtype");
   if (redop != RedOp::kSum && redop != RedOp::kAverage) {
@@ -714,41 +725,114 @@ Status Client::allreduce(void* data, size_t count, DType dtype, RedOp redop) {
   if (count > std::numeric_limits<uint64_t>::max() / esize) {
     return Status(ErrorCode::kInvalidArgument, "element count overflows");
   }
-  if (count == 0) {
-    impl_->next_op.fetch_add(1);  // nothing to sum; the op number is used all the same
-    return Status::ok();
-  }
+  if (count == 0) return std::shared_ptr<Op>();  // nothing to sum; the op number is used all the same
   if (data == nullptr) return Status(ErrorCode::kInvalidArgument, "null buffer");
   if (reinterpret_cast<uintptr_t>(data) % esize != 0) {
     return Status(ErrorCode::kInvalidArgument, "buffer is not aligned to its element size");
   }
+  auto op = std::make_shared<Op>();
   op->data = static_cast<std::byte*>(data);
   op->count = count;
   op->dtype = dtype;
   op->redop = redop;
-  op->plan.emplace(count * esize, esize, impl_->options.chunk_bytes,
-                   static_cast<uint32_t>(impl_->links.size()));
+  op->plan.emplace(count * esize, esize, options.chunk_bytes, static_cast<uint32_t>(links.size()));
   if (op->plan->chunk_count() > std::numeric_limits<uint32_t>::max()) {
     return Status(ErrorCode::kInvalidArgument,
                   "tensor has more than 2^32 chunks; raise the chunk size");
   }
+  return op;
+}
+
+OpHandle Client::Impl::submit(const std::vector<std::shared_ptr<Op>>& batch,
+                              std::shared_ptr<OpHandle::State> handle, OpCallback on_done) {
+  // The I/O thread ends every op by its backstop plus the drain grace.
+  handle->wait_limit = backstop(options.op_timeout) + kDrainGrace + milliseconds(30000);
+  handle->callback = std::move(on_done);
+  size_t live = 0;
+  for (auto& op : batch) live += op != nullptr;
+  handle->pending = live + 1;  // + 1: this call's own share, ended below
   {
     // Ids are taken and ops posted under one lock, so the I/O thread starts
     // ops in id order even when several threads call allreduce.
-    std::lock_guard order(impl_->start_mu);
-    op->id = impl_->next_op.fetch_add(1);
-    asio::post(impl_->io, [im = impl_.get(), op] { im->start_op(op); });
+    std::lock_guard order(start_mu);
+    if (!batch.empty()) handle->first_op = next_op.load();
+    for (auto& op : batch) {
+      const uint64_t id = next_op.fetch_add(1);
+      if (!op) continue;
+      op->id = id;
+      op->handle = handle;
+      asio::post(io, [this, op] { start_op(op); });
+    }
   }
-  std::unique_lock lock(op->mu);
-  // The I/O thread finishes every op by its backstop plus the drain grace;
-  // waiting much longer means a bug in tally, not a slow peer.
-  const auto limit = backstop(impl_->options.op_timeout) + kDrainGrace + milliseconds(30000);
-  if (!op->cv.wait_for(lock, limit, [&] { return op->done; })) {
-    std::fprintf(stderr, "tally: op %llu did not finish within %lld ms\n",
-                 static_cast<unsigned long long>(op->id), static_cast<long long>(limit.count()));
-    std::abort();
+  handle->end_one(Status::ok());  // the callback cannot run before first_op is set
+  return OpHandle(std::move(handle));
+}
+
+OpHandle Client::allreduce_async(void* data, size_t count, DType dtype, RedOp redop, OpCallback on_done) {
+  auto op = impl_->make_op(data, count, dtype, redop);
+  if (!op) return OpHandle::State::ended(op.status(), std::move(on_done));
+  return impl_->submit({*op}, std::make_shared<OpHandle::State>(), std::move(on_done));
+}
+
+OpHandle Client::allreduce_fused_async(std::span<const BufferRef> buffers, DType dtype, RedOp redop,
+                                       size_t fuse_bytes, OpCallback on_done) {
+  const size_t esize = dtype_size(dtype);
+  // Every buffer is checked before any op number is taken.
+  for (const BufferRef& b : buffers) {
+    if (auto op = impl_->make_op(b.data, b.count, dtype, redop); !op) {
+      return OpHandle::State::ended(op.status(), std::move(on_done));
+    }
   }
-  return op->final;
+  auto handle = std::make_shared<OpHandle::State>();
+  std::vector<std::shared_ptr<Op>> batch;
+  std::vector<const BufferRef*> group;
+  size_t group_bytes = 0;
+  Status bad;
+  auto flush = [&] {
+    if (group.size() == 1) {
+      batch.push_back(*impl_->make_op(group[0]->data, group[0]->count, dtype, redop));
+    } else if (group.size() > 1) {
+      OpHandle::State::Staged staged;
+      staged.bytes.resize(group_bytes);
+      size_t offset = 0;
+      for (const BufferRef* b : group) {
+        const size_t nbytes = b->count * esize;
+        std::memcpy(staged.bytes.data() + offset, b->data, nbytes);
+        staged.parts.emplace_back(static_cast<std::byte*>(b->data), nbytes);
+        offset += nbytes;
+      }
+      auto op = impl_->make_op(staged.bytes.data(), group_bytes / esize, dtype, redop);
+      if (!op) {
+        bad = op.status();  // a fused group with more than 2^32 chunks
+      } else {
+        batch.push_back(*op);
+        handle->staged.push_back(std::move(staged));
+      }
+    }
+    group.clear();
+    group_bytes = 0;
+  };
+  for (const BufferRef& b : buffers) {
+    if (b.count == 0) continue;
+    const size_t nbytes = b.count * esize;
+    if (nbytes >= fuse_bytes) {
+      flush();
+      group.push_back(&b);
+      group_bytes = nbytes;
+      flush();
+      continue;
+    }
+    if (group_bytes + nbytes > fuse_bytes) flush();
+    group.push_back(&b);
+    group_bytes += nbytes;
+  }
+  flush();
+  if (!bad.is_ok()) return OpHandle::State::ended(bad, std::move(on_done));
+  return impl_->submit(batch, std::move(handle), std::move(on_done));
+}
+
+Status Client::allreduce(void* data, size_t count, DType dtype, RedOp redop) {
+  return allreduce_async(data, count, dtype, redop).wait();
 }
 
 uint32_t Client::rank() const { return impl_->options.rank; }
@@ -756,5 +840,6 @@ uint32_t Client::world_size() const { return impl_->options.world_size; }
 uint32_t Client::shards() const { return static_cast<uint32_t>(impl_->links.size()); }
 uint32_t Client::groups() const { return impl_->options.groups; }
 uint32_t Client::group() const { return impl_->group; }
+const ClientOptions& Client::options() const { return impl_->options; }
 
 }  // namespace tally

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tally's one entry point for people and CI on a Debian 12 machine:
 #   deploy/dev.sh bench [tally-bench flags]   set up, build, run a local pool + 4 workers, print the table
-#   deploy/dev.sh test                        set up, build, run every test (plain, ASan+UBSan, TSan)
+#   deploy/dev.sh test                        set up, build, run every test (plain, ASan+UBSan, TSan; python tests in the plain build)
 #   deploy/dev.sh setup | build               the steps on their own
 #   deploy/dev.sh format | check-format       clang-format the tree in place, or only check it
 set -euo pipefail
@@ -12,6 +12,10 @@ PACKAGES=(
   libboost-dev protobuf-compiler libprotobuf-dev libspdlog-dev libfmt-dev libcli11-dev
   libgtest-dev libgmock-dev clang-format
   libfabric-dev libfabric-bin iproute2
+  # The Python module, the DDP hook and their tests: Debian's torch is seen by
+  # /usr/bin/python3 only; pip builds the package with setuptools + CMake.
+  python3-torch python3-numpy python3-pybind11 pybind11-dev python3-pytest
+  python3-pip python3-setuptools python3-wheel python3-venv
 )
 
 setup() {
@@ -34,15 +38,20 @@ build() {
   local dir=$1
   shift
   if [ ! -f "$dir/build.ninja" ]; then
-    cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >/dev/null
+    # /usr/bin/python3: the interpreter that sees Debian's torch (a pyenv
+    # python3 may come first on PATH).
+    cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPython_EXECUTABLE=/usr/bin/python3 "$@" >/dev/null
   fi
   # shellcheck disable=SC2086
   cmake --build "$dir" ${BUILD_TARGETS:+--target $BUILD_TARGETS} -- -j"$(nproc)"
 }
 
+# run_tests DIR [ctest args...]
 run_tests() {
-  echo "== ctest in $1" >&2
-  ctest --test-dir "$1" --output-on-failure --no-tests=error -j"$(nproc)"
+  local dir=$1
+  shift
+  echo "== ctest in $dir" >&2
+  ctest --test-dir "$dir" --output-on-failure --no-tests=error -j"$(nproc)" "$@"
 }
 
 # The C++ files git tracks (generated code is never tracked).
@@ -69,10 +78,12 @@ case "$cmd" in
     export ASAN_OPTIONS=abort_on_error=1:detect_leaks=1
     export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
     export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
+    # No python label there: an unsanitized interpreter cannot load a
+    # sanitized module (those builds do not build it).
     build build-asan -DTALLY_SANITIZE=address
-    run_tests build-asan
+    run_tests build-asan -LE python
     build build-tsan -DTALLY_SANITIZE=thread
-    run_tests build-tsan
+    run_tests build-tsan -LE python
     ;;
   *)
     sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//' >&2

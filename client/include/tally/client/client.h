@@ -4,15 +4,26 @@
 //   auto client = tally::Client::connect(*options);
 //   tally::Status s = (*client)->allreduce(grads.data(), grads.size(),
 //                                          tally::DType::kFloat32, tally::RedOp::kAverage);
+//   tally::OpHandle h = (*client)->allreduce_async(grads.data(), grads.size(),
+//                                                  tally::DType::kFloat32, tally::RedOp::kSum);
+//   ... compute ...;  tally::Status s2 = h.wait();
 //
 // Every worker of a job issues the same ops in the same order (as with NCCL
 // and MPI collectives). An op either ends with the same complete result on
 // every worker or fails on every worker with an error naming the cause.
+//
+// Op numbering: every call that is not refused for its arguments takes op
+// numbers, in the order the calls are made on this Client: allreduce and
+// allreduce_async take one (also for a count of 0), allreduce_fused takes
+// one per fused group (see there). Rank r's n-th op is summed with every
+// other rank's n-th op, so every rank must make the same calls, with the
+// same counts, dtypes and reductions, in the same order.
 #pragma once
 
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -66,6 +77,56 @@ Result<ClientOptions> client_options_from_env();
 // Checks the options; the same checks connect() applies.
 Status validate(const ClientOptions& options);
 
+// The end of an asynchronous op, handed to its callback: ok, or why it failed.
+// Runs on the client's I/O thread (or, for a call refused at once, on the
+// calling thread before the call returns; for an op still in flight when the
+// Client is destroyed, on the destroying thread), before the op's waiters
+// wake. It must not block (nor wait on its own op) or throw; it may start new
+// ops.
+using OpCallback = std::function<void(const Status&)>;
+
+// A handle on an op in flight (or on several, for a fused call). Copyable;
+// all copies see the same op. Thread-safe. Dropping every handle neither
+// waits for nor cancels the op: the buffers must stay valid until the op has
+// ended (wait, test or the callback say when), or the Client is destroyed.
+class OpHandle {
+ public:
+  OpHandle() = default;  // an empty handle: valid() is false
+  bool valid() const { return state_ != nullptr; }
+  // The op's number (the first one, for a fused call), or none when the call
+  // took no number (refused arguments, an empty fused call).
+  std::optional<uint64_t> op() const;
+  // Blocks until the op has ended: ok once the result is in the buffer(s),
+  // else why it failed (the errors of Client::allreduce). It always ends by
+  // the client's backstop deadline (docs/configuration.md); waiting much
+  // longer is a tally bug and aborts the process with a message.
+  Status wait() const;
+  // As wait(), but gives up at `deadline` (nullopt: still in flight).
+  std::optional<Status> wait_until(std::chrono::steady_clock::time_point deadline) const;
+  std::optional<Status> wait_for(std::chrono::milliseconds timeout) const {
+    return wait_until(std::chrono::steady_clock::now() + timeout);
+  }
+  // Never blocks: the op's Status once it has ended, else nullopt.
+  std::optional<Status> test() const;
+
+  struct State;
+  explicit OpHandle(std::shared_ptr<State> state) : state_(std::move(state)) {}
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+// One buffer of a fused call: `count` elements at `data`.
+struct BufferRef {
+  void* data = nullptr;
+  size_t count = 0;
+};
+
+// Buffers below this size are fused by default (Horovod's fusion threshold
+// is 64 MiB; ours is smaller because a fused group is copied in and out on
+// the I/O thread, and 4 MiB already fills every shard's pipeline).
+constexpr size_t kDefaultFuseBytes = size_t{4} << 20;
+
 class Client {
  public:
   // Connects to every reducer of the pool and joins the job. Blocks up to
@@ -73,7 +134,9 @@ class Client {
   // kTimeout, or the reducer's refusal (kVersionMismatch, kAlreadyExists,
   // kMismatch, kResourceExhausted).
   static Result<std::unique_ptr<Client>> connect(const ClientOptions& options);
-  // Closes the streams and joins the I/O thread.
+  // Closes the streams and joins the I/O thread. Ops still in flight end
+  // with kCancelled (their callbacks run on this thread) and their buffers
+  // are no longer touched once this returns.
   ~Client();
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;
@@ -92,11 +155,38 @@ class Client {
     return allreduce(data.data(), data.size(), dtype, op);
   }
 
+  // Starts the all-reduce of allreduce() and returns at once. Many ops may
+  // be in flight; each ends as its chunks return. `on_done`, if given, runs
+  // once when the op ends (see OpCallback). The buffer must stay valid and
+  // untouched until then. Refused arguments (kInvalidArgument) take no op
+  // number and give a handle that has already ended. Thread-safe; op numbers
+  // are taken in call order (see the top of this file).
+  OpHandle allreduce_async(void* data, size_t count, DType dtype, RedOp op,
+                           OpCallback on_done = {});
+
+  // All-reduces several buffers of one dtype, fusing the small ones. Walking
+  // `buffers` in order, a buffer of at least `fuse_bytes` is its own op, in
+  // place; smaller ones are packed into a group until adding the next would
+  // pass `fuse_bytes`, and each group of two or more is one op on a staging
+  // copy (copied in now, copied back on success, on the I/O thread). Empty
+  // buffers are skipped. The number of ops is a function of the sizes and
+  // `fuse_bytes` alone, so it matches on every rank that passes the same
+  // sizes. The handle ends when every op has; it fails with the first
+  // failure, and then fused buffers are unchanged while unfused ones are as
+  // after a failed allreduce. `fuse_bytes` = 0 fuses nothing.
+  OpHandle allreduce_fused_async(std::span<const BufferRef> buffers, DType dtype, RedOp op,
+                                 size_t fuse_bytes = kDefaultFuseBytes, OpCallback on_done = {});
+  Status allreduce_fused(std::span<const BufferRef> buffers, DType dtype, RedOp op,
+                         size_t fuse_bytes = kDefaultFuseBytes) {
+    return allreduce_fused_async(buffers, dtype, op, fuse_bytes).wait();
+  }
+
   uint32_t rank() const;
   uint32_t world_size() const;
   uint32_t shards() const;
   uint32_t groups() const;
   uint32_t group() const;
+  const ClientOptions& options() const;
 
   struct Impl;
 

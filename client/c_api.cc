@@ -1,0 +1,205 @@
+// The C API (tally/tally.h) over tally::Client. No exception may leave a C
+// function: every entry point that allocates catches std::bad_alloc and
+// reports TALLY_RESOURCE_EXHAUSTED.
+#include <limits>
+#include <memory>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "tally/client/client.h"
+#include "tally/client/option_names.h"
+#include "tally/tally.h"
+
+struct tally_options {
+  tally::ClientOptions options;
+};
+
+struct tally_client {
+  std::unique_ptr<tally::Client> client;
+};
+
+struct tally_op {
+  tally::OpHandle handle;
+  std::string message;  // filled when the op is seen to have failed
+};
+
+namespace {
+
+thread_local std::string last_error;
+
+tally_code code_of(const tally::Status& s) { return static_cast<tally_code>(s.code()); }
+
+// Records a failure as this thread's last error and returns its code.
+tally_code fail(const tally::Status& s) {
+  last_error = s.to_string();
+  return code_of(s);
+}
+
+tally_code report(const tally::Status& s) { return s.is_ok() ? TALLY_OK : fail(s); }
+
+tally_code invalid(const char* what) {
+  return fail(tally::Status(tally::ErrorCode::kInvalidArgument, what));
+}
+
+tally_code out_of_memory() {
+  return fail(tally::Status(tally::ErrorCode::kResourceExhausted, "out of memory"));
+}
+
+// The op's code once it has ended (its message kept in the handle).
+tally_code settle(tally_op* op, const std::optional<tally::Status>& s) {
+  if (!s) return TALLY_IN_PROGRESS;
+  if (s->is_ok()) return TALLY_OK;
+  if (op->message.empty()) op->message = s->to_string();
+  return fail(*s);
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* tally_version(void) { return TALLY_VERSION " (" TALLY_GIT_SHA ")"; }
+
+int tally_c_api_version(void) { return TALLY_C_API_VERSION; }
+
+const char* tally_code_name(tally_code code) {
+  if (code == TALLY_IN_PROGRESS) return "in_progress";
+  // error_code_name returns views of string literals, so data() is terminated.
+  return tally::error_code_name(static_cast<tally::ErrorCode>(code)).data();
+}
+
+const char* tally_last_error(void) { return last_error.c_str(); }
+
+tally_code tally_options_create(tally_options** out) {
+  if (!out) return invalid("tally_options_create: out is NULL");
+  *out = new (std::nothrow) tally_options;
+  return *out ? TALLY_OK : out_of_memory();
+}
+
+tally_code tally_options_from_env(tally_options** out) {
+  if (!out) return invalid("tally_options_from_env: out is NULL");
+  *out = nullptr;
+  try {
+    auto options = tally::client_options_from_env();
+    if (!options) return fail(options.status());
+    *out = new tally_options{std::move(*options)};
+    return TALLY_OK;
+  } catch (const std::bad_alloc&) {
+    return out_of_memory();
+  }
+}
+
+tally_code tally_options_set(tally_options* options, const char* name, const char* value) {
+  if (!options || !name || !value) return invalid("tally_options_set: NULL argument");
+  try {
+    return report(tally::set_client_option(options->options, name, value));
+  } catch (const std::bad_alloc&) {
+    return out_of_memory();
+  }
+}
+
+void tally_options_destroy(tally_options* options) { delete options; }
+
+tally_code tally_client_connect(const tally_options* options, tally_client** out) {
+  if (!options || !out) return invalid("tally_client_connect: NULL argument");
+  *out = nullptr;
+  try {
+    auto client = tally::Client::connect(options->options);
+    if (!client) return fail(client.status());
+    *out = new tally_client{std::move(*client)};
+    return TALLY_OK;
+  } catch (const std::bad_alloc&) {
+    return out_of_memory();
+  }
+}
+
+void tally_client_destroy(tally_client* client) { delete client; }
+
+uint32_t tally_client_rank(const tally_client* client) { return client->client->rank(); }
+uint32_t tally_client_world_size(const tally_client* client) {
+  return client->client->world_size();
+}
+uint32_t tally_client_shards(const tally_client* client) { return client->client->shards(); }
+
+tally_code tally_allreduce(tally_client* client, void* data, size_t count, tally_dtype dtype,
+                           tally_redop op) {
+  if (!client) return invalid("tally_allreduce: client is NULL");
+  try {
+    return report(client->client->allreduce(data, count, static_cast<tally::DType>(dtype),
+                                            static_cast<tally::RedOp>(op)));
+  } catch (const std::bad_alloc&) {
+    return out_of_memory();
+  }
+}
+
+tally_code tally_allreduce_async(tally_client* client, void* data, size_t count, tally_dtype dtype,
+                                 tally_redop op, tally_callback callback, void* user,
+                                 tally_op** out) {
+  if (!client || !out) return invalid("tally_allreduce_async: NULL argument");
+  *out = nullptr;
+  try {
+    auto handle = std::make_unique<tally_op>();
+    tally::OpCallback on_done;
+    if (callback) {
+      on_done = [callback, user](const tally::Status& s) {
+        const std::string message = s.is_ok() ? std::string() : s.to_string();
+        callback(user, code_of(s), message.c_str());
+      };
+    }
+    handle->handle =
+        client->client->allreduce_async(data, count, static_cast<tally::DType>(dtype),
+                                        static_cast<tally::RedOp>(op), std::move(on_done));
+    *out = handle.release();
+    // A refused call has ended already: report it as the call's result too.
+    auto now = (*out)->handle.test();
+    return now && !now->is_ok() ? settle(*out, now) : TALLY_OK;
+  } catch (const std::bad_alloc&) {
+    return out_of_memory();
+  }
+}
+
+tally_code tally_allreduce_fused(tally_client* client, void* const* data, const size_t* counts,
+                                 size_t n, tally_dtype dtype, tally_redop op, size_t fuse_bytes) {
+  if (!client || (n > 0 && (!data || !counts)))
+    return invalid("tally_allreduce_fused: NULL argument");
+  try {
+    std::vector<tally::BufferRef> buffers(n);
+    for (size_t i = 0; i < n; ++i) buffers[i] = {data[i], counts[i]};
+    return report(client->client->allreduce_fused(buffers, static_cast<tally::DType>(dtype),
+                                                  static_cast<tally::RedOp>(op), fuse_bytes));
+  } catch (const std::bad_alloc&) {
+    return out_of_memory();
+  }
+}
+
+tally_code tally_op_wait(tally_op* op) {
+  if (!op) return invalid("tally_op_wait: op is NULL");
+  return settle(op, op->handle.wait());
+}
+
+tally_code tally_op_wait_for(tally_op* op, uint64_t timeout_ms) {
+  if (!op) return invalid("tally_op_wait_for: op is NULL");
+  // Capped so that now + timeout cannot overflow the clock.
+  const uint64_t capped = std::min<uint64_t>(timeout_ms, uint64_t{1} << 40);
+  return settle(op, op->handle.wait_for(std::chrono::milliseconds(capped)));
+}
+
+tally_code tally_op_test(tally_op* op) {
+  if (!op) return invalid("tally_op_test: op is NULL");
+  return settle(op, op->handle.test());
+}
+
+const char* tally_op_message(tally_op* op) {
+  if (!op) return "";
+  if (op->message.empty()) settle(op, op->handle.test());
+  return op->message.c_str();
+}
+
+uint64_t tally_op_number(const tally_op* op) {
+  if (!op || !op->handle.op()) return std::numeric_limits<uint64_t>::max();
+  return *op->handle.op();
+}
+
+void tally_op_destroy(tally_op* op) { delete op; }
+
+}  // extern "C"

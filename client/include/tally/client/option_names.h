@@ -1,0 +1,26 @@
+// ClientOptions by the names of the environment variables that configure
+// them (TALLY_POOL, TALLY_RANK, ...; docs/configuration.md), for callers
+// that hold options as name/value strings: the C API's tally_options_set and
+// the Python module's keyword arguments.
+#pragma once
+
+#include <string_view>
+#include <vector>
+
+#include "tally/client/client.h"
+
+namespace tally {
+
+// Sets the field that the environment variable `name` configures, parsing
+// `value` as client_options_from_env() does (an empty value leaves the
+// field as it is, as an empty variable counts as unset). Does not validate
+// the whole set: connect() does. Errors: kInvalidArgument naming the
+// variable (an unknown name, a malformed value).
+Status set_client_option(ClientOptions& options, std::string_view name, std::string_view value);
+
+// Every name set_client_option() accepts, in the order in which the
+// environment applies them (FI_PROVIDER before TALLY_FABRIC_PROVIDER, which
+// wins).
+const std::vector<std::string_view>& client_option_names();
+
+}  // namespace tally

@@ -1,0 +1,145 @@
+#include "tally/client/option_names.h"
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <limits>
+#include <string>
+
+namespace tally {
+namespace {
+
+Status bad(std::string_view name, std::string_view value, std::string_view what) {
+  return Status(ErrorCode::kInvalidArgument,
+                std::string(name) + "='" + std::string(value) + "' " + std::string(what));
+}
+
+Result<uint64_t> parse_number(std::string_view name, std::string_view text, uint64_t max) {
+  uint64_t v = 0;
+  auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec == std::errc::result_out_of_range || (ec == std::errc() && v > max)) {
+    return Status(ErrorCode::kInvalidArgument, std::string(name) + " is too large");
+  }
+  if (ec != std::errc() || ptr != text.data() + text.size()) {
+    return bad(name, text, "is not a non-negative integer");
+  }
+  return v;
+}
+
+std::vector<std::string> split_commas(std::string_view text) {
+  std::vector<std::string> items;
+  while (true) {
+    auto comma = text.find(',');
+    items.emplace_back(text.substr(0, comma));
+    if (comma == std::string_view::npos) break;
+    text.remove_prefix(comma + 1);
+  }
+  return items;
+}
+
+constexpr uint64_t kU32 = std::numeric_limits<uint32_t>::max();
+constexpr uint64_t kU64 = std::numeric_limits<uint64_t>::max();
+
+}  // namespace
+
+const std::vector<std::string_view>& client_option_names() {
+  static const std::vector<std::string_view> names{"TALLY_POOL",
+                                                   "TALLY_JOB",
+                                                   "TALLY_RANK",
+                                                   "TALLY_WORLD_SIZE",
+                                                   "TALLY_GROUPS",
+                                                   "TALLY_GROUP",
+                                                   "TALLY_GROUP_SIZES",
+                                                   "TALLY_CHUNK_BYTES",
+                                                   "TALLY_OP_TIMEOUT_MS",
+                                                   "TALLY_CONNECT_TIMEOUT_MS",
+                                                   "TALLY_HEARTBEAT_MS",
+                                                   "TALLY_PEER_TIMEOUT_MS",
+                                                   "TALLY_TRANSPORT",
+                                                   "FI_PROVIDER",
+                                                   "TALLY_FABRIC_PROVIDER",
+                                                   "TALLY_FABRIC_FORCE_REGISTRATION",
+                                                   "TALLY_FABRIC_MAX_MSG_BYTES"};
+  return names;
+}
+
+Status set_client_option(ClientOptions& o, std::string_view name, std::string_view value) {
+  using std::chrono::milliseconds;
+  if (value.empty()) return Status::ok();
+  auto number = [&](uint64_t max, auto&& set) -> Status {
+    auto v = parse_number(name, value, max);
+    if (!v) return v.status();
+    set(*v);
+    return Status::ok();
+  };
+  if (name == "TALLY_POOL") {
+    o.pool.clear();
+    for (auto& item : split_commas(value)) {
+      if (!item.empty()) o.pool.push_back(item);
+    }
+    return Status::ok();
+  }
+  if (name == "TALLY_JOB") {
+    o.job = std::string(value);
+    return Status::ok();
+  }
+  if (name == "TALLY_RANK")
+    return number(kU32, [&](uint64_t v) { o.rank = static_cast<uint32_t>(v); });
+  if (name == "TALLY_WORLD_SIZE") {
+    return number(kU32, [&](uint64_t v) { o.world_size = static_cast<uint32_t>(v); });
+  }
+  if (name == "TALLY_GROUPS")
+    return number(kU32, [&](uint64_t v) { o.groups = static_cast<uint32_t>(v); });
+  if (name == "TALLY_GROUP")
+    return number(kU32, [&](uint64_t v) { o.group = static_cast<uint32_t>(v); });
+  if (name == "TALLY_GROUP_SIZES") {
+    std::vector<uint32_t> sizes;
+    for (auto& item : split_commas(value)) {
+      auto v = parse_number(name, item, kU32);
+      if (!v) return v.status();
+      sizes.push_back(static_cast<uint32_t>(*v));
+    }
+    o.group_sizes = std::move(sizes);
+    return Status::ok();
+  }
+  if (name == "TALLY_CHUNK_BYTES") return number(kU64, [&](uint64_t v) { o.chunk_bytes = v; });
+  if (name == "TALLY_OP_TIMEOUT_MS")
+    return number(kU64, [&](uint64_t v) { o.op_timeout = milliseconds(v); });
+  if (name == "TALLY_CONNECT_TIMEOUT_MS") {
+    return number(kU64, [&](uint64_t v) { o.connect_timeout = milliseconds(v); });
+  }
+  if (name == "TALLY_HEARTBEAT_MS") {
+    return number(kU64, [&](uint64_t v) { o.heartbeat_interval = milliseconds(v); });
+  }
+  if (name == "TALLY_PEER_TIMEOUT_MS") {
+    return number(kU64, [&](uint64_t v) { o.peer_timeout = milliseconds(v); });
+  }
+  if (name == "TALLY_TRANSPORT") {
+    o.transport = std::string(value);
+    return Status::ok();
+  }
+  if (name == "FI_PROVIDER" || name == "TALLY_FABRIC_PROVIDER") {
+    o.fabric.provider = std::string(value);
+    return Status::ok();
+  }
+  if (name == "TALLY_FABRIC_FORCE_REGISTRATION") {
+    // The spellings CLI11 accepts for the reducer's flag of the same name.
+    static const std::vector<std::string> on{"1", "true", "on", "yes", "enable", "t", "y", "+"};
+    static const std::vector<std::string> off{"0", "false", "off", "no", "disable", "f", "n", "-"};
+    std::string v(value);
+    std::transform(v.begin(), v.end(), v.begin(), [](unsigned char c) { return std::tolower(c); });
+    const bool is_on = std::find(on.begin(), on.end(), v) != on.end();
+    if (!is_on && std::find(off.begin(), off.end(), v) == off.end()) {
+      return bad(name, value, "is not a boolean (1/0, true/false, on/off, yes/no)");
+    }
+    o.fabric.force_registration = is_on;
+    return Status::ok();
+  }
+  if (name == "TALLY_FABRIC_MAX_MSG_BYTES") {
+    return number(kU64, [&](uint64_t v) { o.fabric.max_msg_bytes = v; });
+  }
+  return Status(ErrorCode::kInvalidArgument, "unknown client option '" + std::string(name) +
+                                                 "' (the TALLY_* names of docs/configuration.md)");
+}
+
+}  // namespace tally

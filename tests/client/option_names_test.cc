@@ -1,0 +1,124 @@
+// set_client_option (the name/value path of the C API and the Python module)
+// must read every variable exactly as client_options_from_env() does.
+#include "tally/client/option_names.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "tally/client/client.h"
+
+namespace tally {
+namespace {
+
+using Env = std::map<std::string, std::string>;
+
+// Sets `env` for the test's duration, clearing every other option variable.
+class ScopedEnv {
+ public:
+  explicit ScopedEnv(const Env& env) {
+    for (auto name : client_option_names()) unsetenv(std::string(name).c_str());
+    for (auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
+  }
+  ~ScopedEnv() {
+    for (auto name : client_option_names()) unsetenv(std::string(name).c_str());
+  }
+};
+
+Result<ClientOptions> from_names(const Env& env) {
+  ClientOptions o;
+  for (auto name : client_option_names()) {
+    auto it = env.find(std::string(name));
+    if (it == env.end()) continue;
+    TALLY_RETURN_IF_ERROR(set_client_option(o, name, it->second));
+  }
+  TALLY_RETURN_IF_ERROR(validate(o));
+  return o;
+}
+
+void expect_same(const ClientOptions& a, const ClientOptions& b) {
+  EXPECT_EQ(a.pool, b.pool);
+  EXPECT_EQ(a.groups, b.groups);
+  EXPECT_EQ(a.group, b.group);
+  EXPECT_EQ(a.group_sizes, b.group_sizes);
+  EXPECT_EQ(a.job, b.job);
+  EXPECT_EQ(a.rank, b.rank);
+  EXPECT_EQ(a.world_size, b.world_size);
+  EXPECT_EQ(a.chunk_bytes, b.chunk_bytes);
+  EXPECT_EQ(a.op_timeout, b.op_timeout);
+  EXPECT_EQ(a.connect_timeout, b.connect_timeout);
+  EXPECT_EQ(a.heartbeat_interval, b.heartbeat_interval);
+  EXPECT_EQ(a.peer_timeout, b.peer_timeout);
+  EXPECT_EQ(a.transport, b.transport);
+  EXPECT_EQ(a.fabric.provider, b.fabric.provider);
+  EXPECT_EQ(a.fabric.force_registration, b.fabric.force_registration);
+  EXPECT_EQ(a.fabric.max_msg_bytes, b.fabric.max_msg_bytes);
+}
+
+const Env kBase{
+    {"TALLY_POOL", "a:1,,b:2"}, {"TALLY_JOB", "j"}, {"TALLY_RANK", "1"}, {"TALLY_WORLD_SIZE", "3"}};
+
+Env with(Env env, const Env& more) {
+  for (auto& [k, v] : more) env[k] = v;
+  return env;
+}
+
+TEST(OptionNames, AgreeWithTheEnvironmentReader) {
+  const std::vector<Env> cases{
+      kBase,
+      with(kBase, {{"TALLY_CHUNK_BYTES", "4096"},
+                   {"TALLY_OP_TIMEOUT_MS", "1234"},
+                   {"TALLY_CONNECT_TIMEOUT_MS", "50"},
+                   {"TALLY_HEARTBEAT_MS", "7"},
+                   {"TALLY_PEER_TIMEOUT_MS", "70"}}),
+      with(kBase, {{"TALLY_POOL", "a:1,b:2,c:3,d:4"},
+                   {"TALLY_GROUPS", "2"},
+                   {"TALLY_GROUP", "1"},
+                   {"TALLY_GROUP_SIZES", "1,2"}}),
+      with(kBase, {{"TALLY_TRANSPORT", "fabric"},
+                   {"FI_PROVIDER", "tcp"},
+                   {"TALLY_FABRIC_FORCE_REGISTRATION", "Yes"},
+                   {"TALLY_FABRIC_MAX_MSG_BYTES", "99"}}),
+      with(kBase, {{"TALLY_TRANSPORT", "fabric"},
+                   {"FI_PROVIDER", "tcp"},
+                   {"TALLY_FABRIC_PROVIDER", "verbs;ofi_rxm"}}),
+      with(kBase, {{"TALLY_OP_TIMEOUT_MS", ""}}),  // empty counts as unset
+  };
+  for (const Env& env : cases) {
+    ScopedEnv scoped(env);
+    auto from_env = client_options_from_env();
+    auto named = from_names(env);
+    ASSERT_TRUE(from_env.is_ok()) << from_env.status().to_string();
+    ASSERT_TRUE(named.is_ok()) << named.status().to_string();
+    expect_same(*from_env, *named);
+  }
+}
+
+TEST(OptionNames, RejectWhatTheEnvironmentRejects) {
+  const std::vector<Env> cases{
+      with(kBase, {{"TALLY_RANK", "-1"}}),
+      with(kBase, {{"TALLY_RANK", "4294967296"}}),
+      with(kBase, {{"TALLY_CHUNK_BYTES", "1MiB"}}),
+      with(kBase, {{"TALLY_FABRIC_FORCE_REGISTRATION", "maybe"}}),
+      with(kBase, {{"TALLY_GROUP_SIZES", "1,x"}}),
+      with(kBase, {{"TALLY_RANK", "3"}}),  // validate(): not below the world size
+  };
+  for (const Env& env : cases) {
+    ScopedEnv scoped(env);
+    EXPECT_EQ(client_options_from_env().status().code(), ErrorCode::kInvalidArgument);
+    EXPECT_EQ(from_names(env).status().code(), ErrorCode::kInvalidArgument);
+  }
+}
+
+TEST(OptionNames, UnknownNameIsNamed) {
+  ClientOptions o;
+  Status s = set_client_option(o, "TALLY_POOLS", "a:1");
+  EXPECT_EQ(s.code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("TALLY_POOLS"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace tally

@@ -1,0 +1,205 @@
+// The async client API against a real pool: ranks are Clients in this
+// process (one thread each), reducers are real tally-reducer processes.
+// Inputs follow tally/bench/pattern.h, so every result has a closed form.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <future>
+#include <memory>
+#include <numeric>
+#include <thread>
+#include <vector>
+
+#include "harness.h"
+#include "tally/bench/pattern.h"
+#include "tally/client/client.h"
+
+namespace tally::testing {
+namespace {
+
+using std::chrono::milliseconds;
+
+ClientOptions options_for(const TestCluster& cluster, const std::string& job, uint32_t rank,
+                          uint32_t world) {
+  ClientOptions o;
+  o.pool = cluster.addresses();
+  o.job = job;
+  o.rank = rank;
+  o.world_size = world;
+  o.chunk_bytes = 1024;  // 256 floats: small tensors make many chunks
+  o.op_timeout = milliseconds(10000);
+  return o;
+}
+
+// Connects `world` clients concurrently (each connect waits for the job).
+std::vector<std::unique_ptr<Client>> connect_all(const TestCluster& cluster, const std::string& job,
+                                                 uint32_t world) {
+  std::vector<std::future<Result<std::unique_ptr<Client>>>> pending;
+  for (uint32_t r = 0; r < world; ++r) {
+    pending.push_back(std::async(std::launch::async, [&, r] {
+      return Client::connect(options_for(cluster, job, r, world));
+    }));
+  }
+  std::vector<std::unique_ptr<Client>> clients;
+  for (auto& p : pending) {
+    auto c = p.get();
+    EXPECT_TRUE(c.is_ok()) << c.status().to_string();
+    if (c) clients.push_back(std::move(*c));
+  }
+  return clients;
+}
+
+// Runs fn(rank) on one thread per rank and joins them.
+void on_every_rank(uint32_t world, const std::function<void(uint32_t)>& fn) {
+  std::vector<std::thread> threads;
+  for (uint32_t r = 0; r < world; ++r) threads.emplace_back(fn, r);
+  for (auto& t : threads) t.join();
+}
+
+TEST(Async, ManyOpsInFlightEachWithItsCallback) {
+  TestCluster cluster(PoolSpec{.shards = 2});
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  constexpr uint32_t kWorld = 3;
+  constexpr int kOps = 12;
+  auto clients = connect_all(cluster, "async-many", kWorld);
+  ASSERT_EQ(clients.size(), kWorld);
+  on_every_rank(kWorld, [&](uint32_t r) {
+    // Sizes 0, 1, primes and many chunks, all in flight at once.
+    std::vector<std::vector<float>> data(kOps);
+    std::vector<OpHandle> handles;
+    std::atomic<int> called{0};
+    for (int i = 0; i < kOps; ++i) {
+      data[i].resize(i == 0 ? 0 : 1 + i * 331);
+      bench::fill_pattern(data[i].data(), data[i].size(), r);
+      handles.push_back(clients[r]->allreduce_async(data[i].data(), data[i].size(), DType::kFloat32,
+                                                    RedOp::kSum, [&](const Status& s) {
+                                                      EXPECT_TRUE(s.is_ok()) << s.to_string();
+                                                      called++;
+                                                    }));
+      EXPECT_EQ(handles.back().op(), static_cast<uint64_t>(i));
+    }
+    for (int i = kOps - 1; i >= 0; --i) {  // any order
+      Status s = handles[i].wait();
+      EXPECT_TRUE(s.is_ok()) << s.to_string();
+      EXPECT_TRUE(handles[i].test().has_value());
+      EXPECT_EQ(bench::count_wrong(data[i].data(), data[i].size(), kWorld, false), 0u)
+          << "op " << i;
+    }
+    EXPECT_EQ(called.load(), kOps);
+  });
+}
+
+TEST(Async, WaitForGivesUpAndTestDoesNotBlockWhileARankIsMissing) {
+  TestCluster cluster(PoolSpec{.shards = 1});
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  auto clients = connect_all(cluster, "async-wait", 2);
+  ASSERT_EQ(clients.size(), 2u);
+  std::vector<double> a(1000), b(1000);
+  bench::fill_pattern(a.data(), a.size(), 0);
+  bench::fill_pattern(b.data(), b.size(), 1);
+  OpHandle h = clients[0]->allreduce_async(a.data(), a.size(), DType::kFloat64, RedOp::kAverage);
+  EXPECT_FALSE(h.test().has_value());
+  EXPECT_FALSE(h.wait_for(milliseconds(200)).has_value());  // rank 1 has not contributed
+  ASSERT_TRUE(clients[1]->allreduce(b.data(), b.size(), DType::kFloat64, RedOp::kAverage).is_ok());
+  auto s = h.wait_for(milliseconds(10000));
+  ASSERT_TRUE(s.has_value());
+  EXPECT_TRUE(s->is_ok()) << s->to_string();
+  EXPECT_EQ(bench::count_wrong(a.data(), a.size(), 2, true), 0u);
+  EXPECT_EQ(a, b);
+}
+
+TEST(Async, RefusedArgumentsEndAtOnceAndTakeNoOpNumber) {
+  TestCluster cluster(PoolSpec{.shards = 1});
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  auto clients = connect_all(cluster, "async-refused", 1);
+  ASSERT_EQ(clients.size(), 1u);
+  bool called = false;
+  OpHandle bad =
+      clients[0]->allreduce_async(nullptr, 4, DType::kFloat32, RedOp::kSum, [&](const Status& s) {
+        EXPECT_EQ(s.code(), ErrorCode::kInvalidArgument);
+        called = true;
+      });
+  EXPECT_TRUE(called);  // on this thread, before the call returned
+  EXPECT_FALSE(bad.op().has_value());
+  EXPECT_EQ(bad.wait().code(), ErrorCode::kInvalidArgument);
+  std::vector<int64_t> v(10, 7);
+  OpHandle good = clients[0]->allreduce_async(v.data(), v.size(), DType::kInt64, RedOp::kSum);
+  EXPECT_EQ(good.op(), 0u);
+  EXPECT_TRUE(good.wait().is_ok());
+  EXPECT_EQ(v, std::vector<int64_t>(10, 7));
+  EXPECT_EQ(OpHandle().wait().code(), ErrorCode::kInvalidArgument);
+}
+
+TEST(Async, FusedBucketsMatchTheClosedFormAndTakeOneOpPerGroup) {
+  TestCluster cluster(PoolSpec{.shards = 2});
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  constexpr uint32_t kWorld = 2;
+  auto clients = connect_all(cluster, "async-fused", kWorld);
+  ASSERT_EQ(clients.size(), kWorld);
+  // 4-byte elements, threshold 4000 bytes: [10, 20, 0, 900] fuse (3720 B),
+  // 2000 is alone (8000 B >= threshold), [5, 1] fuse: 3 ops.
+  const std::vector<size_t> counts{10, 20, 0, 900, 2000, 5, 1};
+  on_every_rank(kWorld, [&](uint32_t r) {
+    std::vector<std::vector<int32_t>> data;
+    std::vector<BufferRef> refs;
+    for (size_t n : counts) {
+      data.emplace_back(n);
+      bench::fill_pattern(data.back().data(), n, r);
+    }
+    for (auto& d : data) refs.push_back({d.data(), d.size()});
+    OpHandle h = clients[r]->allreduce_fused_async(refs, DType::kInt32, RedOp::kSum, 4000);
+    EXPECT_EQ(h.op(), 0u);
+    ASSERT_TRUE(h.wait().is_ok());
+    for (auto& d : data) EXPECT_EQ(bench::count_wrong(d.data(), d.size(), kWorld, false), 0u);
+    // The next op number shows how many the fused call took.
+    std::vector<int32_t> one(1, 1);
+    OpHandle next = clients[r]->allreduce_async(one.data(), 1, DType::kInt32, RedOp::kSum);
+    EXPECT_EQ(next.op(), 3u);
+    EXPECT_TRUE(next.wait().is_ok());  // `one` must outlive the op
+    EXPECT_EQ(one[0], static_cast<int32_t>(kWorld));
+  });
+}
+
+TEST(Async, OpsInFlightEndCancelledWhenTheClientIsDestroyed) {
+  TestCluster cluster(PoolSpec{.shards = 2});
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  auto clients = connect_all(cluster, "async-destroyed", 2);
+  ASSERT_EQ(clients.size(), 2u);
+  std::vector<float> v(5000, 1.0f);
+  std::atomic<int> failed{0};
+  OpHandle h = clients[0]->allreduce_async(v.data(), v.size(), DType::kFloat32, RedOp::kSum,
+                                           [&](const Status& s) { failed += !s.is_ok(); });
+  clients[0].reset();  // rank 1 never contributes
+  auto s = h.test();
+  ASSERT_TRUE(s.has_value());
+  EXPECT_FALSE(s->is_ok());
+  EXPECT_EQ(failed.load(), 1);
+}
+
+TEST(Async, KilledReducerFailsEveryOpInFlight) {
+  TestCluster cluster(PoolSpec{.shards = 2});
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  auto clients = connect_all(cluster, "async-killed", 2);
+  ASSERT_EQ(clients.size(), 2u);
+  std::vector<std::vector<float>> data(4, std::vector<float>(3000, 1.0f));
+  std::vector<OpHandle> handles;
+  for (auto& d : data) {
+    handles.push_back(
+        clients[0]->allreduce_async(d.data(), d.size(), DType::kFloat32, RedOp::kSum));
+  }
+  cluster.kill_reducer(1, SIGKILL);
+  const auto start = std::chrono::steady_clock::now();
+  for (auto& h : handles) {
+    auto s = h.wait_for(milliseconds(15000));
+    ASSERT_TRUE(s.has_value()) << "op still in flight";
+    EXPECT_EQ(s->code(), ErrorCode::kPeerLost) << s->to_string();
+    EXPECT_NE(s->message().find("lost reducer " + cluster.addresses()[1]), std::string::npos)
+        << s->to_string();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, milliseconds(10000));
+}
+
+}  // namespace
+}  // namespace tally::testing

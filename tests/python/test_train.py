@@ -1,0 +1,74 @@
+"""examples/train_ddp.py for real: W=4 processes, DDP, a few steps under the
+tally hook and under gloo, with the same seed: the parameters must agree
+within float tolerance. Then a reducer SIGKILLed mid-training must surface
+as a Python exception from backward(), within the op timeout."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import tally.pool
+
+EXAMPLE = os.path.join(os.environ.get("TALLY_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", "..")),
+                       "examples", "train_ddp.py")
+SMALL = ["--world-size", "4", "--batch-size", "64", "--hidden", "64", "--features", "16",
+         "--bucket-cap-mb", "0.01"]  # several buckets: several ops per step
+
+
+def run_example(args, timeout=240):
+    return subprocess.run([sys.executable, EXAMPLE] + args, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_tally_hook_trains_to_the_same_parameters_as_gloo(tmp_path):
+    params = {}
+    for backend in ("tally", "gloo"):
+        out = tmp_path / (backend + ".pt")
+        r = run_example(SMALL + ["--steps", "5", "--backend", backend, "--save-params", str(out),
+                                 "--json", str(tmp_path / (backend + ".json"))])
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "mean_loss   4" in r.stdout, r.stdout
+        params[backend] = torch.load(out)
+    assert params["tally"].keys() == params["gloo"].keys()
+    for name in params["gloo"]:
+        torch.testing.assert_close(params["tally"][name], params["gloo"][name], rtol=1e-5, atol=1e-6,
+                                   msg=name)
+
+
+def test_killed_reducer_raises_from_backward_within_the_op_timeout(tmp_path):
+    op_timeout_ms = 5000
+    with tally.pool.LocalPool(shards=2, args=["--log-level", "warn"]) as pool:
+        proc = subprocess.Popen(
+            [sys.executable, EXAMPLE] + SMALL + ["--steps", "100000", "--pool", pool.address,
+                                                 "--op-timeout-ms", str(op_timeout_ms)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 180
+            for line in proc.stdout:  # training is under way once step 3 is printed
+                if line.startswith("step   3"):
+                    break
+                assert time.monotonic() < deadline, "no progress"
+            pool.kill(1, signal.SIGKILL)
+            killed_at = time.monotonic()
+            _, err = proc.communicate(timeout=op_timeout_ms / 1000 + 60)
+            exited_after = time.monotonic() - killed_at
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert proc.returncode == 1, err
+    print(err)
+    assert "PeerLostError: lost reducer" in err, err
+    assert "lost reducer %s (shard 1)" % pool.addresses[1] in err, err
+    # Each rank reports how long its failing step took.
+    failed = [line for line in err.splitlines() if " failed at step " in line]
+    assert failed, err
+    for line in failed:
+        seconds = float(line.split(" after ")[1].split(" s:")[0])
+        assert seconds < op_timeout_ms / 1000, line
+    assert exited_after < op_timeout_ms / 1000 + 30
