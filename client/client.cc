@@ -22,6 +22,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "op_state.h"
 #include "tally.pb.h"
 #include "tally/protocol/chunking.h"
 #include "tally/protocol/connection_factory.h"
@@ -30,7 +31,6 @@
 #include "tally/protocol/groups.h"
 #include "tally/protocol/pool.h"
 #include "tally/protocol/tcp_transport.h"
-#include "op_state.h"
 
 namespace tally {
 namespace asio = boost::asio;
@@ -707,16 +707,18 @@ Client::~Client() {
   for (auto& [id, op] : impl_->ops) {
     if (op->finished) continue;
     op->finished = true;
-    op->handle->end_one(op->failed ? op->failure
-                                   : Status(ErrorCode::kCancelled, "client closed with op " +
-                                                                       std::to_string(id) + " in flight"));
+    op->handle->end_one(op->failed
+                            ? op->failure
+                            : Status(ErrorCode::kCancelled,
+                                     "client closed with op " + std::to_string(id) + " in flight"));
   }
   impl_->ops.clear();
   // Break the link <-> connection cycles of streams that never opened.
   impl_->links.clear();
 }
 
-Result<std::shared_ptr<Op>> Client::Impl::make_op(void* data, size_t count, DType dtype, RedOp redop) {
+Result<std::shared_ptr<Op>> Client::Impl::make_op(void* data, size_t count, DType dtype,
+                                                  RedOp redop) {
   const size_t esize = dtype_size(dtype);
   if (esize == 0) return Status(ErrorCode::kInvalidArgument, "unknown dtype");
   if (redop != RedOp::kSum && redop != RedOp::kAverage) {
@@ -725,7 +727,8 @@ Result<std::shared_ptr<Op>> Client::Impl::make_op(void* data, size_t count, DTyp
   if (count > std::numeric_limits<uint64_t>::max() / esize) {
     return Status(ErrorCode::kInvalidArgument, "element count overflows");
   }
-  if (count == 0) return std::shared_ptr<Op>();  // nothing to sum; the op number is used all the same
+  if (count == 0)
+    return std::shared_ptr<Op>();  // nothing to sum; the op number is used all the same
   if (data == nullptr) return Status(ErrorCode::kInvalidArgument, "null buffer");
   if (reinterpret_cast<uintptr_t>(data) % esize != 0) {
     return Status(ErrorCode::kInvalidArgument, "buffer is not aligned to its element size");
@@ -768,7 +771,8 @@ OpHandle Client::Impl::submit(const std::vector<std::shared_ptr<Op>>& batch,
   return OpHandle(std::move(handle));
 }
 
-OpHandle Client::allreduce_async(void* data, size_t count, DType dtype, RedOp redop, OpCallback on_done) {
+OpHandle Client::allreduce_async(void* data, size_t count, DType dtype, RedOp redop,
+                                 OpCallback on_done) {
   auto op = impl_->make_op(data, count, dtype, redop);
   if (!op) return OpHandle::State::ended(op.status(), std::move(on_done));
   return impl_->submit({*op}, std::make_shared<OpHandle::State>(), std::move(on_done));
