@@ -84,7 +84,7 @@ TEST(Async, ManyOpsInFlightEachWithItsCallback) {
       Status s = handles[i].wait();
       EXPECT_TRUE(s.is_ok()) << s.to_string();
       EXPECT_TRUE(handles[i].test().has_value());
-      EXPECT_EQ(bench::count_wrong(data[i].data(), data[i].size(), kWorld, false), 0u)
+      EXPECT_EQ(bench::count_wrong(data[i].data(), data[i].size(), kWorld, RedOp::kSum), 0u)
           << "op " << i;
     }
     EXPECT_EQ(called.load(), kOps);
@@ -106,7 +106,7 @@ TEST(Async, WaitForGivesUpAndTestDoesNotBlockWhileARankIsMissing) {
   auto s = h.wait_for(milliseconds(10000));
   ASSERT_TRUE(s.has_value());
   EXPECT_TRUE(s->is_ok()) << s->to_string();
-  EXPECT_EQ(bench::count_wrong(a.data(), a.size(), 2, true), 0u);
+  EXPECT_EQ(bench::count_wrong(a.data(), a.size(), 2, RedOp::kAverage), 0u);
   EXPECT_EQ(a, b);
 }
 
@@ -152,7 +152,7 @@ TEST(Async, FusedBucketsMatchTheClosedFormAndTakeOneOpPerGroup) {
     OpHandle h = clients[r]->allreduce_fused_async(refs, DType::kInt32, RedOp::kSum, 4000);
     EXPECT_EQ(h.op(), 0u);
     ASSERT_TRUE(h.wait().is_ok());
-    for (auto& d : data) EXPECT_EQ(bench::count_wrong(d.data(), d.size(), kWorld, false), 0u);
+    for (auto& d : data) EXPECT_EQ(bench::count_wrong(d.data(), d.size(), kWorld, RedOp::kSum), 0u);
     // The next op number shows how many the fused call took.
     std::vector<int32_t> one(1, 1);
     OpHandle next = clients[r]->allreduce_async(one.data(), 1, DType::kInt32, RedOp::kSum);
