@@ -26,6 +26,7 @@
 #include "tally/protocol/control.h"
 #include "tally/protocol/frame.h"
 #include "tally/protocol/groups.h"
+#include "tally/protocol/pool_pattern.h"
 #include "tally/protocol/tcp_transport.h"
 
 namespace tally {
@@ -526,7 +527,9 @@ Result<ClientOptions> client_options_from_env() {
   };
   auto pool = get("TALLY_POOL");
   if (!pool) return Status(ErrorCode::kInvalidArgument, "TALLY_POOL is not set (host:port,... in (group, shard) order)");
-  std::string_view rest = *pool;
+  auto expanded = expand_pool_pattern_joined(*pool);  // tally-{0..7}.svc:7070 -> 8 addresses
+  if (!expanded) return expanded.status().with_context("TALLY_POOL");
+  std::string_view rest = *expanded;
   while (!rest.empty()) {
     auto comma = rest.find(',');
     auto item = rest.substr(0, comma);

@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "tally.pb.h"
+#include "tally/protocol/pool_pattern.h"
 #include "tally/reducer/replica_link.h"
 
 namespace tally {
@@ -19,6 +20,9 @@ Result<std::vector<HostPort>> read_pool_list(const ReducerOptions& o) {
     ss << in.rdbuf();
     text = ss.str();
   }
+  auto expanded = expand_pool_pattern_joined(text);  // tally-{0..7}.svc:7070 -> 8 addresses
+  if (!expanded) return expanded.status();
+  text = *expanded;
   std::vector<HostPort> out;
   std::string_view rest = text;
   while (!rest.empty()) {
