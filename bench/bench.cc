@@ -6,8 +6,8 @@
 // as one rank; rank 0 prints the table and writes --json. Each size is
 // checked for correctness apart from the timed loop, after warm-up.
 //
-// With --reducer-stats (the driver passes it for a local pool), rank 0 also
-// reads every reducer's counters (tally-reducer --stats-file) just before
+// With --reducer-metrics (the driver passes it for a local pool, and with
+// --pool --metrics), rank 0 also reads every reducer's /metrics just before
 // and just after each size's timed loop, with all ranks held at a barrier
 // (a one-element all-reduce) while it does, and prints the payload bytes
 // each reducer received and sent per op, from workers and from the other
@@ -28,11 +28,13 @@
 #include <thread>
 
 #include "tally/bench/local_pool.h"
+#include "tally/bench/metrics_scrape.h"
 #include "tally/bench/pattern.h"
 #include "tally/bench/process.h"
 #include "tally/client/client.h"
 #include "tally/protocol/chunking.h"
 #include "tally/protocol/groups.h"
+#include "tally/protocol/pool_pattern.h"
 
 namespace tally::bench {
 namespace {
@@ -47,35 +49,26 @@ struct SweepOptions {
   std::string redop = "sum";
   std::string json_path;
   bool check = true;
-  std::vector<std::string> reducer_stats;  // counters files, by reducer index ((group, shard) order)
+  std::vector<std::string> reducer_metrics;  // reducers' HTTP host:port, by index ((group, shard) order)
 };
 
-// One reducer's counters (payload bytes), as its --stats-file has them.
+// One reducer's counters (payload bytes), as its /metrics has them.
 struct Counters {
   double worker_in = 0, worker_out = 0, replica_in = 0, replica_out = 0;
 };
 
-// How long rank 0 waits, with every rank at a barrier, before reading the
-// counters: the reducers rewrite their files every 100 ms.
-constexpr auto kStatsSettle = std::chrono::milliseconds(300);
-
-Counters read_counters(const std::string& path) {
+Result<Counters> read_counters(const std::string& http_address) {
+  auto text = http_get(http_address, "/metrics");
+  if (!text) return text.status();
+  const auto m = parse_metrics(*text);
   Counters c;
-  std::ifstream in(path);
-  std::string name;
-  double value = 0;
-  while (in >> name) {
-    if (name == "#") {
-      std::string rest;
-      std::getline(in, rest);
-      continue;
-    }
-    if (!(in >> value)) break;
-    if (name == "tally_worker_bytes_received_total") c.worker_in = value;
-    if (name == "tally_worker_bytes_sent_total") c.worker_out = value;
-    if (name == "tally_replica_bytes_received_total") c.replica_in = value;
-    if (name == "tally_replica_bytes_sent_total") c.replica_out = value;
-  }
+  auto get = [&](const char* series, double& out) {
+    if (auto it = m.find(series); it != m.end()) out = it->second;
+  };
+  get("tally_payload_bytes_received_total{peer=\"worker\"}", c.worker_in);
+  get("tally_payload_bytes_sent_total{peer=\"worker\"}", c.worker_out);
+  get("tally_payload_bytes_received_total{peer=\"replica\"}", c.replica_in);
+  get("tally_payload_bytes_sent_total{peer=\"replica\"}", c.replica_out);
   return c;
 }
 
@@ -176,9 +169,9 @@ int run_worker(const SweepOptions& sweep) {
   std::memset(mem, 0, capacity);
 
   const bool leader = client.rank() == 0;
-  const bool measure = !sweep.reducer_stats.empty();
-  if (measure && sweep.reducer_stats.size() != size_t{client.shards()} * client.groups()) {
-    spdlog::error("--reducer-stats lists {} files for {} reducers", sweep.reducer_stats.size(),
+  const bool measure = !sweep.reducer_metrics.empty();
+  if (measure && sweep.reducer_metrics.size() != size_t{client.shards()} * client.groups()) {
+    spdlog::error("--reducer-metrics lists {} addresses for {} reducers", sweep.reducer_metrics.size(),
                   client.shards() * client.groups());
     return 2;
   }
@@ -186,11 +179,17 @@ int run_worker(const SweepOptions& sweep) {
   // Every rank takes part; rank 0 reads the counters while the others wait.
   double barrier_value = 0;
   auto barrier = [&] { return client.allreduce(&barrier_value, 1, DType::kFloat64, RedOp::kSum); };
+  // The counters are live: results are counted before they are sent, so
+  // once every rank has its results the counters hold them.
+  Status scraped;
   auto snapshot = [&] {
     std::vector<Counters> out;
     if (!leader) return out;
-    std::this_thread::sleep_for(kStatsSettle);
-    for (auto& path : sweep.reducer_stats) out.push_back(read_counters(path));
+    for (auto& address : sweep.reducer_metrics) {
+      auto c = read_counters(address);
+      if (!c) scraped = c.status();
+      out.push_back(c ? *c : Counters{});
+    }
     return out;
   };
   std::vector<Row> rows;
@@ -246,6 +245,10 @@ int run_worker(const SweepOptions& sweep) {
     }
     if (!status) {
       spdlog::error("rank {}: gathering results failed: {}", client.rank(), status.to_string());
+      return 1;
+    }
+    if (!scraped) {
+      spdlog::error("reading the reducers' /metrics failed: {}", scraped.to_string());
       return 1;
     }
     Row row{count * esize, count, stats[0] / client.world_size(), 0, stats[1], {}};
@@ -352,6 +355,7 @@ struct Phase {
   std::string transport;
   std::string job;
   std::string json_path;
+  std::vector<std::string> metrics;  // the reducers' HTTP host:port, for --reducer-metrics
 };
 
 // Bytes each worker sends (and receives) in a sweep: every size's check,
@@ -388,11 +392,11 @@ int run_phase(const Phase& phase, const SweepOptions& sweep, const std::string& 
     args.push_back("--json");
     args.push_back(phase.json_path);
   }
-  if (local) {
-    std::string paths;
-    for (uint32_t i = 0; i < local->addresses().size(); ++i) paths += (i ? "," : "") + local->stats_path(i);
-    args.push_back("--reducer-stats");
-    args.push_back(paths);
+  if (!phase.metrics.empty()) {
+    std::string list;
+    for (size_t i = 0; i < phase.metrics.size(); ++i) list += (i ? "," : "") + phase.metrics[i];
+    args.push_back("--reducer-metrics");
+    args.push_back(list);
   }
   auto reducer_cpu = [&]() -> std::optional<double> {
     if (!local) return std::nullopt;
@@ -504,9 +508,13 @@ int main(int argc, char** argv) {
       ->capture_default_str()->check(CLI::Range(1, 256));
   app.add_option("-G,--groups", groups, "replica groups of the pool (the local one has shards x groups reducers)")
       ->capture_default_str()->check(CLI::Range(1, 64));
-  app.add_option("--reducer-stats", sweep.reducer_stats,
-                 "worker mode: reducers' --stats-file paths in (group, shard) order (the driver sets it)")
+  app.add_option("--reducer-metrics", sweep.reducer_metrics,
+                 "worker mode: reducers' HTTP host:port in (group, shard) order (the driver sets it)")
       ->delimiter(',');
+  std::string metrics_list;
+  app.add_option("--metrics", metrics_list,
+                 "with --pool: the reducers' --http-listen host:port, in the pool's order (a pattern "
+                 "like --pool's), to report bytes per reducer from their /metrics");
   app.add_option("-W,--workers", workers, "worker processes to start")->capture_default_str()->check(CLI::Range(1, 1024));
   app.add_option("--chunk-bytes", chunk_bytes, "chunk size")->transform(CLI::AsSizeValue(false))->capture_default_str();
   app.add_option("--io-threads", io_threads, "I/O threads per local reducer")->capture_default_str();
@@ -548,7 +556,7 @@ int main(int argc, char** argv) {
     LocalPoolOptions lo;
     lo.shards = reducers;
     lo.groups = groups;
-    lo.stats = true;
+    lo.http = true;
     const size_t max_chunk = std::max<size_t>(4u << 20, (chunk_bytes + 4095) / 4096 * 4096);
     // Room for three jobs' reservations whatever the chunk size: with the
     // reducers' default window of 8, a job needs 8 x (1 + 2F) + 2 buffers,
@@ -573,6 +581,15 @@ int main(int argc, char** argv) {
     local = std::move(*started);
     pool = local->pool_string();
   }
+  std::vector<std::string> metrics = local ? local->http_addresses() : std::vector<std::string>{};
+  if (!metrics_list.empty()) {
+    auto expanded = expand_pool_pattern(metrics_list);
+    if (!expanded) {
+      spdlog::error("--metrics: {}", expanded.status().to_string());
+      return 2;
+    }
+    metrics = *expanded;
+  }
   if (job.empty()) job = "bench-" + std::to_string(getpid());
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
   int result = 0;
@@ -581,6 +598,7 @@ int main(int argc, char** argv) {
     phase.transport = transport;
     phase.job = transports.size() > 1 ? job + "-" + transport : job;
     phase.json_path = sweep.json_path;
+    phase.metrics = metrics;
     if (transports.size() > 1 && !phase.json_path.empty()) {
       const auto dot = phase.json_path.rfind('.');
       phase.json_path.insert(dot == std::string::npos ? phase.json_path.size() : dot, "." + transport);
