@@ -11,7 +11,32 @@ PACKAGES=(
   libboost-dev protobuf-compiler libprotobuf-dev libspdlog-dev libfmt-dev libcli11-dev
   libgtest-dev libgmock-dev
   libfabric-dev libfabric-bin iproute2
+  prometheus-cpp-dev
+  python3-pytest python3-yaml unzip
 )
+
+# How long apt waits for another apt or dpkg (e.g. unattended-upgrades on a
+# fresh machine) to release its lock before giving up.
+APT_LOCK_WAIT_S=${APT_LOCK_WAIT_S:-600}
+
+# apt_get ARGS...: apt-get, waiting (bounded) while another process holds
+# the dpkg or apt lists lock instead of failing at once.
+apt_get() {
+  local deadline=$((SECONDS + APT_LOCK_WAIT_S)) err
+  err=$(mktemp)
+  until $sudo apt-get -o DPkg::Lock::Timeout=30 "$@" 2>"$err"; do
+    if grep -qE "Could not get lock|Unable to acquire|is another process using it" "$err" &&
+      ((SECONDS < deadline)); then
+      echo "dev.sh: apt is busy (another apt or dpkg holds its lock); waiting" >&2
+      sleep 5
+    else
+      cat "$err" >&2
+      rm -f "$err"
+      return 1
+    fi
+  done
+  rm -f "$err"
+}
 
 setup() {
   local missing=()
@@ -20,10 +45,10 @@ setup() {
   done
   if ((${#missing[@]})); then
     echo "dev.sh: installing ${missing[*]}" >&2
-    local sudo=""
+    sudo=""
     [ "$(id -u)" -eq 0 ] || sudo="sudo"
-    $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    apt_get update -qq
+    DEBIAN_FRONTEND=noninteractive apt_get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   fi
 }
 
@@ -57,6 +82,8 @@ case "$cmd" in
   test)
     setup
     build build
+    # The real helm for the chart checks (tests/helm); without it they skip.
+    deploy/fetch-helm.sh build/tools || echo "dev.sh: no helm; the chart checks will be skipped" >&2
     run_tests build
     # The threaded core under the sanitizers; every test runs real processes
     # built the same way, so a report in a reducer or worker fails its test.
