@@ -2,7 +2,8 @@
 
 Renders the chart under the three values files in helm/tally/ci/ and checks
 the objects: names and ports agree across Service, StatefulSet, probes and
-NOTES.txt; the pod's command starts a pool of real tally-reducer processes
+NOTES.txt; the objects validate against the Kubernetes API schemas
+(kubernetes-models, offline); the pod's command starts a pool of real tally-reducer processes
 (adapted to loopback) that answers /readyz; the schema and the template
 checks refuse bad values with a clear message.
 
@@ -256,6 +257,23 @@ def test_pod_command_starts_a_pool_that_gets_ready(helm, values, tmp_path):
             except subprocess.TimeoutExpired:
                 p.kill()
                 raise
+
+
+@pytest.mark.parametrize("values", VALUES, ids=os.path.basename)
+def test_objects_validate_against_the_kubernetes_schemas(helm, values):
+    """Offline, with the npm package kubernetes-models (types and required
+    fields; it does not report unknown fields)."""
+    models = os.path.join(os.path.dirname(helm), "k8s", "node_modules")
+    if not shutil.which("node") or not os.path.isdir(os.path.join(models, "kubernetes-models")):
+        pytest.skip(f"node or kubernetes-models (deploy/fetch-helm.sh puts it in {models}) is missing")
+    objs = list(render(helm, values).values())
+    r = subprocess.run(["node", os.path.join(os.path.dirname(__file__), "validate_k8s.js")],
+                       input=json.dumps(objs), capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, NODE_PATH=models))
+    assert r.returncode == 0, r.stdout + r.stderr
+    for (kind, name) in render(helm, values):
+        if kind != "ServiceMonitor":  # a CRD: not in kubernetes-models
+            assert f"valid {kind}/{name}" in r.stdout, r.stdout
 
 
 def test_schema_rejects_a_negative_shard_count(helm):
