@@ -6,8 +6,8 @@
 // as one rank; rank 0 prints the table and writes --json. Each size is
 // checked for correctness apart from the timed loop, after warm-up.
 //
-// With --reducer-stats (the driver passes it for a local pool), rank 0 also
-// reads every reducer's counters (tally-reducer --stats-file) just before
+// With --reducer-metrics (the driver passes it for a local pool, and with
+// --pool --metrics), rank 0 also reads every reducer's /metrics just before
 // and just after each size's timed loop, with all ranks held at a barrier
 // (a one-element all-reduce) while it does, and prints the payload bytes
 // each reducer received and sent per op, from workers and from the other
@@ -29,12 +29,14 @@
 
 #include "reducer_traffic.h"
 #include "tally/bench/local_pool.h"
+#include "tally/bench/metrics_scrape.h"
 #include "tally/bench/pattern.h"
 #include "tally/bench/process.h"
 #include "tally/client/client.h"
 #include "tally/protocol/chunking.h"
 #include "tally/protocol/groups.h"
 #include "tally/protocol/pool.h"
+#include "tally/protocol/pool_pattern.h"
 #include "tally/reducer/butterfly.h"
 
 namespace tally::bench {
@@ -50,13 +52,9 @@ struct SweepOptions {
   std::string redop = "sum";
   std::string json_path;
   bool check = true;
-  std::vector<std::string>
-      reducer_stats;  // counters files, by reducer index ((group, shard) order)
+  // Reducers' HTTP host:port (--http-listen), by index ((group, shard) order).
+  std::vector<std::string> reducer_metrics;
 };
-
-// How long rank 0 waits, with every rank at a barrier, before reading the
-// counters: the reducers rewrite their files every 100 ms.
-constexpr auto kStatsSettle = std::chrono::milliseconds(300);
 
 struct ReducerRow {
   uint32_t shard, group;
@@ -117,10 +115,10 @@ int run_worker(const SweepOptions& sweep) {
   std::memset(mem, 0, capacity);
 
   const bool leader = client.rank() == 0;
-  const bool measure = !sweep.reducer_stats.empty();
-  if (measure && sweep.reducer_stats.size() != size_t{client.shards()} * client.groups()) {
-    spdlog::error("--reducer-stats lists {} files for {} reducers", sweep.reducer_stats.size(),
-                  client.shards() * client.groups());
+  const bool measure = !sweep.reducer_metrics.empty();
+  if (measure && sweep.reducer_metrics.size() != size_t{client.shards()} * client.groups()) {
+    spdlog::error("--reducer-metrics lists {} addresses for {} reducers",
+                  sweep.reducer_metrics.size(), client.shards() * client.groups());
     return 2;
   }
   const std::vector<uint32_t> group_sizes =
@@ -128,11 +126,17 @@ int run_worker(const SweepOptions& sweep) {
   // Every rank takes part; rank 0 reads the counters while the others wait.
   double barrier_value = 0;
   auto barrier = [&] { return client.allreduce(&barrier_value, 1, DType::kFloat64, RedOp::kSum); };
+  // The counters are live: results are counted before they are sent, so
+  // once every rank has its results the counters hold them.
+  Status scraped;
   auto snapshot = [&] {
     std::vector<Counters> out;
     if (!leader) return out;
-    std::this_thread::sleep_for(kStatsSettle);
-    for (auto& path : sweep.reducer_stats) out.push_back(read_counters(path));
+    for (auto& address : sweep.reducer_metrics) {
+      auto c = read_counters(address);
+      if (!c) scraped = c.status();
+      out.push_back(c ? *c : Counters{});
+    }
     return out;
   };
   std::vector<Row> rows;
@@ -203,6 +207,10 @@ int run_worker(const SweepOptions& sweep) {
     }
     if (!status) {
       spdlog::error("rank {}: gathering results failed: {}", client.rank(), status.to_string());
+      return 1;
+    }
+    if (!scraped) {
+      spdlog::error("reading the reducers' /metrics failed: {}", scraped.to_string());
       return 1;
     }
     Row row{count * esize, count, stats[0] / client.world_size(), 0, stats[1], {}};
@@ -316,6 +324,7 @@ struct Phase {
   std::string transport;
   std::string job;
   std::string json_path;
+  std::vector<std::string> metrics;  // the reducers' HTTP host:port, for --reducer-metrics
 };
 
 // What every phase of a driver run shares: the pool, how the workers are
@@ -381,12 +390,11 @@ int run_phase(const Phase& phase, const PhaseOptions& options) {
     args.push_back("--json");
     args.push_back(phase.json_path);
   }
-  if (local) {
-    std::string paths;
-    for (uint32_t i = 0; i < local->addresses().size(); ++i)
-      paths += (i ? "," : "") + local->stats_path(i);
-    args.push_back("--reducer-stats");
-    args.push_back(paths);
+  if (!phase.metrics.empty()) {
+    std::string list;
+    for (size_t i = 0; i < phase.metrics.size(); ++i) list += (i ? "," : "") + phase.metrics[i];
+    args.push_back("--reducer-metrics");
+    args.push_back(list);
   }
   auto reducer_cpu = [&]() -> std::optional<double> {
     if (!local) return std::nullopt;
@@ -519,9 +527,14 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(1, 64));
   app.add_option(
-         "--reducer-stats", sweep.reducer_stats,
-         "worker mode: reducers' --stats-file paths in (group, shard) order (the driver sets it)")
+         "--reducer-metrics", sweep.reducer_metrics,
+         "worker mode: reducers' HTTP host:port in (group, shard) order (the driver sets it)")
       ->delimiter(',');
+  std::string metrics_list;
+  app.add_option(
+      "--metrics", metrics_list,
+      "with --pool: the reducers' --http-listen host:port, in the pool's order (a pattern "
+      "like --pool's), to report bytes per reducer from their /metrics");
   app.add_option("-W,--workers", workers, "worker processes to start")
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));
@@ -575,7 +588,7 @@ int main(int argc, char** argv) {
     LocalPoolOptions lo;
     lo.shards = reducers;
     lo.groups = groups;
-    lo.stats = true;
+    lo.http = true;
     const size_t max_chunk = std::max<size_t>(4u << 20, (chunk_bytes + 4095) / 4096 * 4096);
     // Room for three jobs' reservations whatever the chunk size: with the
     // reducers' default window of 8, a job needs 8 x (1 + 2F) + 2 buffers,
@@ -600,6 +613,15 @@ int main(int argc, char** argv) {
     local = std::move(*started);
     pool = local->pool_string();
   }
+  std::vector<std::string> metrics = local ? local->http_addresses() : std::vector<std::string>{};
+  if (!metrics_list.empty()) {
+    auto expanded = expand_pool_pattern(metrics_list);
+    if (!expanded) {
+      spdlog::error("--metrics: {}", expanded.status().to_string());
+      return 2;
+    }
+    metrics = *expanded;
+  }
   if (job.empty()) job = "bench-" + std::to_string(getpid());
   PhaseOptions phase_options;
   phase_options.sweep = sweep;
@@ -618,6 +640,7 @@ int main(int argc, char** argv) {
     phase.transport = transport;
     phase.job = transports.size() > 1 ? job + "-" + transport : job;
     phase.json_path = sweep.json_path;
+    phase.metrics = metrics;
     if (transports.size() > 1 && !phase.json_path.empty()) {
       const auto dot = phase.json_path.rfind('.');
       phase.json_path.insert(dot == std::string::npos ? phase.json_path.size() : dot,

@@ -49,6 +49,7 @@ Result<std::unique_ptr<LocalPool>> LocalPool::start(const LocalPoolOptions& opti
                         std::to_string(options.groups), "--pool", "@" + pool_file});
     }
     if (options.stats) spec.args.insert(spec.args.end(), {"--stats-file", pool->stats_path(i)});
+    if (options.http) spec.args.insert(spec.args.end(), {"--http-listen", "127.0.0.1:0"});
     spec.args.insert(spec.args.end(), options.extra_args.begin(), options.extra_args.end());
     if (!options.log_dir.empty()) {
       spec.stderr_path = options.log_dir + "/reducer-" + std::to_string(i) + ".log";
@@ -60,12 +61,18 @@ Result<std::unique_ptr<LocalPool>> LocalPool::start(const LocalPoolOptions& opti
   }
   const auto deadline = std::chrono::steady_clock::now() + options.start_timeout;
   pool->addresses_.resize(count);
+  if (options.http) pool->http_addresses_.resize(count);
   for (uint32_t s = 0; s < count; ++s) {
     while (true) {
       std::ifstream in(ready_files[s]);
       std::string address;
       if (in && std::getline(in, address) && !address.empty()) {
         pool->addresses_[s] = address;
+        // The ready file's second line: "http HOST:PORT" (--http-listen).
+        std::string http;
+        if (options.http && std::getline(in, http) && http.rfind("http ", 0) == 0) {
+          pool->http_addresses_[s] = http.substr(5);
+        }
         break;
       }
       if (auto st = pool->processes_[s].wait_for(std::chrono::milliseconds(0))) {
@@ -114,6 +121,13 @@ Status LocalPool::restart(uint32_t index, std::chrono::milliseconds timeout) {
                     "reducer " + std::to_string(index) + " did not listen again");
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  if (!http_addresses_.empty()) {
+    std::ifstream in(ready);
+    std::string line;
+    while (std::getline(in, line)) {
+      if (line.rfind("http ", 0) == 0) http_addresses_[index] = line.substr(5);
+    }
   }
   return Status::ok();
 }

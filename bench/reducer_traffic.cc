@@ -1,28 +1,22 @@
 #include "reducer_traffic.h"
 
-#include <fstream>
-
+#include "tally/bench/metrics_scrape.h"
 #include "tally/reducer/butterfly.h"
 
 namespace tally::bench {
 
-Counters read_counters(const std::string& path) {
+Result<Counters> read_counters(const std::string& http_address) {
+  auto text = http_get(http_address, "/metrics");
+  if (!text) return text.status();
+  const auto samples = parse_metrics(*text);
   Counters c;
-  std::ifstream in(path);
-  std::string name;
-  double value = 0;
-  while (in >> name) {
-    if (name == "#") {
-      std::string rest;
-      std::getline(in, rest);
-      continue;
-    }
-    if (!(in >> value)) break;
-    if (name == "tally_worker_bytes_received_total") c.worker_in = value;
-    if (name == "tally_worker_bytes_sent_total") c.worker_out = value;
-    if (name == "tally_replica_bytes_received_total") c.replica_in = value;
-    if (name == "tally_replica_bytes_sent_total") c.replica_out = value;
-  }
+  auto get = [&](const char* series, double& out) {
+    if (auto it = samples.find(series); it != samples.end()) out = it->second;
+  };
+  get("tally_payload_bytes_received_total{peer=\"worker\"}", c.worker_in);
+  get("tally_payload_bytes_sent_total{peer=\"worker\"}", c.worker_out);
+  get("tally_payload_bytes_received_total{peer=\"replica\"}", c.replica_in);
+  get("tally_payload_bytes_sent_total{peer=\"replica\"}", c.replica_out);
   return c;
 }
 

@@ -1,6 +1,6 @@
 // The payload bytes each reducer moves per op, as its counters measure them
 // and as the design predicts them: the per-reducer report of tally-bench
-// --reducer-stats. Private to tally-bench.
+// --reducer-metrics. Private to tally-bench.
 #pragma once
 
 #include <cstddef>
@@ -9,17 +9,19 @@
 #include <vector>
 
 #include "tally/protocol/chunking.h"
+#include "tally/protocol/status.h"
 
 namespace tally::bench {
 
-// One reducer's counters (payload bytes), as its --stats-file has them.
+// One reducer's counters (payload bytes), as its /metrics has them.
 struct Counters {
   double worker_in = 0, worker_out = 0, replica_in = 0, replica_out = 0;
 };
 
-// Reads a reducer's --stats-file. Blocks on the file read; a missing file
-// or counter reads as 0 (the reducer may not have written it yet).
-Counters read_counters(const std::string& path);
+// Reads a reducer's /metrics at `http_address` (its --http-listen). Blocks
+// up to http_get's deadline; a counter not there yet reads as 0. Errors:
+// http_get's.
+Result<Counters> read_counters(const std::string& http_address);
 
 // Bytes per op the design predicts for reducer (shard s, group g), for a
 // tensor of `bytes` (docs/architecture.md, Traffic): from and to workers

@@ -24,6 +24,7 @@
 
 #include "op_state.h"
 #include "tally.pb.h"
+#include "tally/client/option_names.h"
 #include "tally/protocol/chunking.h"
 #include "tally/protocol/connection_factory.h"
 #include "tally/protocol/control.h"
@@ -51,16 +52,6 @@ constexpr size_t kEarlyErrorsKept = 1024;
 // which is the one that names missing ranks.
 milliseconds backstop(milliseconds op_timeout) {
   return op_timeout + op_timeout / 2 + milliseconds(1000);
-}
-
-Result<uint64_t> parse_u64(const char* name, std::string_view text) {
-  uint64_t v = 0;
-  auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-  if (ec != std::errc() || ptr != text.data() + text.size()) {
-    return Status(ErrorCode::kInvalidArgument,
-                  std::string(name) + "='" + std::string(text) + "' is not a non-negative integer");
-  }
-  return v;
 }
 
 struct Op {
@@ -536,92 +527,24 @@ Status validate(const ClientOptions& o) {
 
 Result<ClientOptions> client_options_from_env() {
   ClientOptions o;
-  auto get = [](const char* name) -> std::optional<std::string> {
+  // One parser for every name (option_names.h); the later of two names for
+  // one option wins (TALLY_FABRIC_PROVIDER over FI_PROVIDER).
+  for (std::string_view name : client_option_names()) {
+    const char* value = std::getenv(std::string(name).c_str());
+    if (value) TALLY_RETURN_IF_ERROR(set_client_option(o, name, value));
+  }
+  auto is_set = [](const char* name) {
     const char* v = std::getenv(name);
-    if (!v || !*v) return std::nullopt;
-    return std::string(v);
+    return v && *v;
   };
-  auto pool = get("TALLY_POOL");
-  if (!pool)
+  if (!is_set("TALLY_POOL")) {
     return Status(ErrorCode::kInvalidArgument,
                   "TALLY_POOL is not set (host:port,... in (group, shard) order)");
-  auto addresses = parse_pool(*pool);
-  if (!addresses) return addresses.status();
-  for (const HostPort& address : *addresses) o.pool.push_back(address.to_string());
-  auto job = get("TALLY_JOB");
-  if (!job) return Status(ErrorCode::kInvalidArgument, "TALLY_JOB is not set");
-  o.job = *job;
-  if (auto sizes = get("TALLY_GROUP_SIZES")) {
-    std::string_view rest = *sizes;
-    while (true) {
-      auto comma = rest.find(',');
-      auto parsed = parse_u64("TALLY_GROUP_SIZES", rest.substr(0, comma));
-      if (!parsed) return parsed.status();
-      if (*parsed > std::numeric_limits<uint32_t>::max()) {
-        return Status(ErrorCode::kInvalidArgument,
-                      "TALLY_GROUP_SIZES has a value that is too large");
-      }
-      o.group_sizes.push_back(static_cast<uint32_t>(*parsed));
-      if (comma == std::string_view::npos) break;
-      rest.remove_prefix(comma + 1);
-    }
   }
-  struct Num {
-    const char* name;
-    bool required;
-    std::function<void(uint64_t)> set;
-  };
-  const Num nums[] = {
-      {"TALLY_RANK", true, [&](uint64_t v) { o.rank = static_cast<uint32_t>(v); }},
-      {"TALLY_WORLD_SIZE", true, [&](uint64_t v) { o.world_size = static_cast<uint32_t>(v); }},
-      {"TALLY_GROUPS", false, [&](uint64_t v) { o.groups = static_cast<uint32_t>(v); }},
-      {"TALLY_GROUP", false, [&](uint64_t v) { o.group = static_cast<uint32_t>(v); }},
-      {"TALLY_CHUNK_BYTES", false, [&](uint64_t v) { o.chunk_bytes = v; }},
-      {"TALLY_OP_TIMEOUT_MS", false, [&](uint64_t v) { o.op_timeout = milliseconds(v); }},
-      {"TALLY_CONNECT_TIMEOUT_MS", false, [&](uint64_t v) { o.connect_timeout = milliseconds(v); }},
-      {"TALLY_HEARTBEAT_MS", false, [&](uint64_t v) { o.heartbeat_interval = milliseconds(v); }},
-      {"TALLY_PEER_TIMEOUT_MS", false, [&](uint64_t v) { o.peer_timeout = milliseconds(v); }},
-  };
-  for (const Num& n : nums) {
-    auto v = get(n.name);
-    if (!v) {
-      if (n.required)
-        return Status(ErrorCode::kInvalidArgument, std::string(n.name) + " is not set");
-      continue;
+  for (const char* required : {"TALLY_JOB", "TALLY_RANK", "TALLY_WORLD_SIZE"}) {
+    if (!is_set(required)) {
+      return Status(ErrorCode::kInvalidArgument, std::string(required) + " is not set");
     }
-    auto parsed = parse_u64(n.name, *v);
-    if (!parsed) return parsed.status();
-    if ((n.name == std::string_view("TALLY_RANK") ||
-         n.name == std::string_view("TALLY_WORLD_SIZE") ||
-         n.name == std::string_view("TALLY_GROUPS") || n.name == std::string_view("TALLY_GROUP")) &&
-        *parsed > std::numeric_limits<uint32_t>::max()) {
-      return Status(ErrorCode::kInvalidArgument, std::string(n.name) + " is too large");
-    }
-    n.set(*parsed);
-  }
-  if (auto t = get("TALLY_TRANSPORT")) o.transport = *t;
-  if (auto p = get("TALLY_FABRIC_PROVIDER")) {
-    o.fabric.provider = *p;
-  } else if (auto fp = get("FI_PROVIDER")) {
-    o.fabric.provider = *fp;
-  }
-  if (auto f = get("TALLY_FABRIC_FORCE_REGISTRATION")) {
-    // The spellings CLI11 accepts for the reducer's flag of the same name.
-    static const std::set<std::string> on{"1", "true", "on", "yes", "enable", "t", "y", "+"};
-    static const std::set<std::string> off{"0", "false", "off", "no", "disable", "f", "n", "-"};
-    std::string v = *f;
-    std::transform(v.begin(), v.end(), v.begin(), [](unsigned char c) { return std::tolower(c); });
-    if (!on.count(v) && !off.count(v)) {
-      return Status(ErrorCode::kInvalidArgument,
-                    "TALLY_FABRIC_FORCE_REGISTRATION='" + *f +
-                        "' is not a boolean (1/0, true/false, on/off, yes/no)");
-    }
-    o.fabric.force_registration = on.count(v) > 0;
-  }
-  if (auto m = get("TALLY_FABRIC_MAX_MSG_BYTES")) {
-    auto parsed = parse_u64("TALLY_FABRIC_MAX_MSG_BYTES", *m);
-    if (!parsed) return parsed.status();
-    o.fabric.max_msg_bytes = *parsed;
   }
   TALLY_RETURN_IF_ERROR(validate(o));
   return o;

@@ -6,6 +6,8 @@
 #include <limits>
 #include <string>
 
+#include "tally/protocol/pool.h"
+
 namespace tally {
 namespace {
 
@@ -73,10 +75,10 @@ Status set_client_option(ClientOptions& o, std::string_view name, std::string_vi
     return Status::ok();
   };
   if (name == "TALLY_POOL") {
+    auto addresses = parse_pool(value);  // a list, or a pattern standing for one
+    if (!addresses) return addresses.status();
     o.pool.clear();
-    for (auto& item : split_commas(value)) {
-      if (!item.empty()) o.pool.push_back(item);
-    }
+    for (const HostPort& address : *addresses) o.pool.push_back(address.to_string());
     return Status::ok();
   }
   if (name == "TALLY_JOB") {

@@ -16,7 +16,32 @@ PACKAGES=(
   # /usr/bin/python3 only; pip builds the package with setuptools + CMake.
   python3-torch python3-numpy python3-pybind11 pybind11-dev python3-pytest
   python3-pip python3-setuptools python3-wheel python3-venv
+  # Metrics over HTTP; the chart checks (python3-yaml, helm unzipped from npm).
+  prometheus-cpp-dev python3-yaml unzip
 )
+
+# How long apt waits for another apt or dpkg (e.g. unattended-upgrades on a
+# fresh machine) to release its lock before giving up.
+APT_LOCK_WAIT_S=${APT_LOCK_WAIT_S:-600}
+
+# apt_get ARGS...: apt-get, waiting (bounded) while another process holds
+# the dpkg or apt lists lock instead of failing at once.
+apt_get() {
+  local deadline=$((SECONDS + APT_LOCK_WAIT_S)) err
+  err=$(mktemp)
+  until $sudo apt-get -o DPkg::Lock::Timeout=30 "$@" 2>"$err"; do
+    if grep -qE "Could not get lock|Unable to acquire|is another process using it" "$err" &&
+      ((SECONDS < deadline)); then
+      echo "dev.sh: apt is busy (another apt or dpkg holds its lock); waiting" >&2
+      sleep 5
+    else
+      cat "$err" >&2
+      rm -f "$err"
+      return 1
+    fi
+  done
+  rm -f "$err"
+}
 
 setup() {
   local missing=()
@@ -25,10 +50,10 @@ setup() {
   done
   if ((${#missing[@]})); then
     echo "dev.sh: installing ${missing[*]}" >&2
-    local sudo=""
+    sudo=""
     [ "$(id -u)" -eq 0 ] || sudo="sudo"
-    $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    apt_get update -qq
+    DEBIAN_FRONTEND=noninteractive apt_get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   fi
 }
 
@@ -72,6 +97,8 @@ case "$cmd" in
   test)
     setup
     build build
+    # The real helm for the chart checks (tests/helm); without it they skip.
+    deploy/fetch-helm.sh build/tools || echo "dev.sh: no helm; the chart checks will be skipped" >&2
     run_tests build
     # The threaded core under the sanitizers; every test runs real processes
     # built the same way, so a report in a reducer or worker fails its test.
@@ -81,9 +108,9 @@ case "$cmd" in
     # No python label there: an unsanitized interpreter cannot load a
     # sanitized module (those builds do not build it).
     build build-asan -DTALLY_SANITIZE=address
-    run_tests build-asan -LE python
+    run_tests build-asan -LE "python|helm"
     build build-tsan -DTALLY_SANITIZE=thread
-    run_tests build-tsan -LE python
+    run_tests build-tsan -LE "python|helm"
     ;;
   *)
     sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//' >&2

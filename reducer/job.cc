@@ -13,6 +13,9 @@ namespace tally {
 
 // How many failed op ids a job remembers to answer late contributions.
 constexpr size_t kFailedOpsRemembered = 4096;
+// Ops in flight whose latency a job tracks: far more than a worker's window
+// of chunks can span.
+constexpr size_t kOpsTimed = 4096;
 
 namespace {
 
@@ -27,6 +30,19 @@ std::string ranks_string(const std::vector<uint32_t>& ranks) {
 
 std::string sizes_string(const std::vector<uint32_t>& sizes) {
   return "[" + ranks_string(sizes) + "]";
+}
+
+// How many chunks of the op that `h` belongs to land on `shard`: the client
+// cuts the tensor into chunks of one size c and sends chunk k to shard
+// k mod shards (chunking.h). c is offset / index for any chunk but the
+// first, and the first chunk's length otherwise (the whole tensor when it
+// is the only chunk).
+uint64_t chunks_on_shard(const FrameHeader& h, uint32_t shard, uint32_t shards) {
+  const uint64_t total = h.count * dtype_size(h.dtype);
+  const uint64_t c = h.chunk > 0 ? h.offset / h.chunk : h.length;
+  if (c == 0 || shards == 0) return 1;
+  const uint64_t k = (total + c - 1) / c;
+  return k > shard ? (k - 1 - shard) / shards + 1 : 1;
 }
 
 }  // namespace
@@ -176,11 +192,13 @@ void Job::fail_op_locked(uint64_t op, const Status& status, const std::vector<ui
     failed_ops_.erase(failed_order_.front());
     failed_order_.pop_front();
   }
-  counters_.ops_failed.fetch_add(1, std::memory_order_relaxed);
   auto first = chunks_.lower_bound({op, 0});
   auto last = chunks_.lower_bound({op + 1, 0});
-  for (auto it = first; it != last; ++it) it->second->fail();
+  size_t failed_chunks = 0;
+  for (auto it = first; it != last; ++it, ++failed_chunks) it->second->fail();
+  counters_.count_op_failed(status.code(), failed_chunks);
   chunks_.erase(first, last);
+  op_progress_.erase(op);
   early_.erase(early_.lower_bound({op, 0}), early_.lower_bound({op + 1, 0}));
   straggler_logged_.erase(op);
   spdlog::warn("job '{}' shard {} group {} op {} failed: {}", name(), settings_.shard,
@@ -236,6 +254,13 @@ PayloadAction Job::on_contribution_header(const std::shared_ptr<JobMember>& memb
     chunk = std::make_shared<Chunk>(h, now, now + settings_.op_timeout, settings_.world_size,
                                     std::move(steps));
     chunks_.emplace(key, chunk);
+    if (auto [progress, added] = op_progress_.try_emplace(h.op); added) {
+      progress->second.began = now;
+      progress->second.expected = chunks_on_shard(h, settings_.shard, settings_.shard_count);
+      // Bounded whatever the workers send: the oldest op is forgotten (it
+      // then goes unmeasured, never miscounted as failed).
+      if (op_progress_.size() > kOpsTimed) op_progress_.erase(op_progress_.begin());
+    }
     if (auto early = early_.find(key); early != early_.end()) {
       std::vector<EarlyPartial> partials = std::move(early->second);
       early_.erase(early);
@@ -310,12 +335,19 @@ void Job::settle(const std::shared_ptr<Chunk>& chunk, Chunk::Progress progress, 
 
 void Job::finish(const std::shared_ptr<Chunk>& chunk) {
   std::vector<std::shared_ptr<JobMember>> members;
+  std::optional<Clock::time_point> op_began;  // set when this was the op's last chunk here
   {
     std::lock_guard lock(mu_);
     auto it = chunks_.find({chunk->op(), chunk->index()});
     if (it == chunks_.end() || it->second != chunk) return;  // failed meanwhile
     chunks_.erase(it);
     straggler_logged_.erase(chunk->op());
+    if (auto p = op_progress_.find(chunk->op()); p != op_progress_.end()) {
+      if (++p->second.finished >= p->second.expected) {
+        op_began = p->second.began;
+        op_progress_.erase(p);
+      }
+    }
     for (uint32_t r = 0; r < members_.size(); ++r) {
       if (members_[r] && chunk->contributed(r, members_[r].get())) members.push_back(members_[r]);
     }
@@ -330,6 +362,10 @@ void Job::finish(const std::shared_ptr<Chunk>& chunk) {
   out.rank = kReducerRank;
   counters_.chunks_finished.fetch_add(1, std::memory_order_relaxed);
   counters_.bytes_sent.fetch_add(out.length * members.size(), std::memory_order_relaxed);
+  if (op_began) {
+    counters_.ops_completed.fetch_add(1, std::memory_order_relaxed);
+    counters_.op_seconds.Observe(std::chrono::duration<double>(Clock::now() - *op_began).count());
+  }
   for (auto& m : members) m->send_result(out, result);
 }
 
@@ -382,8 +418,9 @@ std::vector<uint32_t> Job::missing_locked(const std::vector<bool>& seen, std::st
   return ranks;
 }
 
-void Job::sweep(Clock::time_point now) {
+size_t Job::sweep(Clock::time_point now) {
   std::lock_guard lock(mu_);
+  std::set<uint32_t> straggling_ranks;  // waited on past half the op timeout
   struct Overdue {
     std::vector<uint32_t> ranks;
     std::string note;
@@ -394,12 +431,14 @@ void Job::sweep(Clock::time_point now) {
     const auto age = now - chunk->created();
     const bool timed_out = age > settings_.op_timeout;
     const bool straggling = age > settings_.op_timeout / 2;
-    if (!timed_out && !(straggling && !straggler_logged_.count(key.first))) continue;
+    if (!straggling) continue;
     std::vector<uint32_t> ranks;
     std::string note;
     const Chunk::Waiting waiting = chunk->waiting(participants_);
     const std::optional<uint32_t> replica = waiting.replica;
     if (!waiting.local_done) ranks = missing_locked(waiting.seen, &note);
+    straggling_ranks.insert(ranks.begin(), ranks.end());
+    if (!timed_out && straggler_logged_.count(key.first)) continue;  // logged once per op
     if (timed_out) {
       Overdue& o = overdue[key.first];
       for (uint32_t r : ranks) {
@@ -442,6 +481,7 @@ void Job::sweep(Clock::time_point now) {
                    " waiting for " + what + history_of(o.ranks)),
         o.ranks);
   }
+  return straggling_ranks.size();
 }
 
 PayloadAction Job::on_partial_header(uint32_t from_group, const FrameHeader& h,

@@ -103,6 +103,7 @@ Result<std::shared_ptr<Job>> JobTable::admit(const wire::Hello& hello,
 
 Result<std::shared_ptr<Job>> JobTable::create_locked(JobSettings settings) {
   settings.shard = options_.shard;
+  settings.shard_count = options_.shard_count;
   settings.group = options_.group;
   size_t participants = 0;
   for (uint32_t n : settings.group_sizes) participants += n > 0;
@@ -255,7 +256,9 @@ void JobTable::remember_departures_locked(const Job& job) {
 void JobTable::sweep(Job::Clock::time_point now) {
   auto jobs = snapshot();
   if (!jobs) return;
-  for (auto& job : *jobs) job->sweep(now);
+  uint64_t straggling = 0;
+  for (auto& job : *jobs) straggling += job->sweep(now);
+  counters_.straggler_ranks.store(straggling, std::memory_order_relaxed);
   // A job a replica announced whose workers never came here.
   for (auto& job : *jobs) {
     if (!job->abandoned(now)) continue;

@@ -9,7 +9,11 @@
 #include <cstdlib>
 #include <ctime>
 #include <fstream>
+#include <optional>
+#include <string_view>
 
+#include "tally/reducer/http_server.h"
+#include "tally/reducer/metrics.h"
 #include "tally/reducer/reducer.h"
 
 namespace {
@@ -18,21 +22,27 @@ namespace {
 // counters between phases, rare enough to cost nothing.
 constexpr auto kStatsInterval = std::chrono::milliseconds(100);
 
-// The counters in Prometheus text format, written whole (via a rename) so a
-// reader never sees a partial file.
-void write_stats(const std::string& path, const tally::ReducerStats& s) {
+// What /metrics serves (without the HTTP counters), written whole (via a
+// rename) so a reader never sees a partial file.
+void write_stats(const std::string& path, const tally::Reducer& reducer,
+                 const tally::ReducerIdentity& identity) {
   const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp);
-    out << "# tally-reducer counters; bytes are payload bytes\n"
-        << "tally_worker_bytes_received_total " << s.bytes_received << "\n"
-        << "tally_worker_bytes_sent_total " << s.bytes_sent << "\n"
-        << "tally_replica_bytes_received_total " << s.replica_bytes_received << "\n"
-        << "tally_replica_bytes_sent_total " << s.replica_bytes_sent << "\n"
-        << "tally_chunks_finished_total " << s.chunks_finished << "\n"
-        << "tally_ops_failed_total " << s.ops_failed << "\n";
-  }
+  std::ofstream(tmp) << tally::metrics_text(
+      tally::reducer_metric_families(reducer.stats(), identity, reducer.readiness().is_ok()));
   std::rename(tmp.c_str(), path.c_str());
+}
+
+// GET /metrics, /healthz, /readyz.
+tally::HttpResponse serve(const tally::Reducer& reducer, const tally::ReducerMetrics& metrics,
+                          std::string_view target) {
+  const std::string_view path = target.substr(0, target.find('?'));
+  if (path == "/metrics") return {200, tally::kMetricsContentType, metrics.scrape()};
+  if (path == "/healthz" || path == "/readyz") {
+    const tally::Status s = path == "/healthz" ? reducer.liveness() : reducer.readiness();
+    if (s.is_ok()) return {200, "text/plain; charset=utf-8", "ok\n"};
+    return {503, "text/plain; charset=utf-8", s.message() + "\n"};
+  }
+  return {404, "text/plain; charset=utf-8", "not found; try /metrics, /healthz or /readyz\n"};
 }
 
 }  // namespace
@@ -43,6 +53,7 @@ int main(int argc, char** argv) {
   std::string log_level = "info";
   std::string ready_file;
   std::string stats_file;
+  std::string http_listen;
   size_t memory_budget = options.memory_budget_bytes;
   size_t max_chunk = options.max_chunk_bytes;
   int64_t heartbeat_ms = options.connection.heartbeat_interval.count();
@@ -74,8 +85,13 @@ int main(int argc, char** argv) {
                  "workers' TALLY_POOL), or @FILE holding it")
       ->envname("TALLY_POOL");
   app.add_option("--stats-file", stats_file,
-                 "rewrite the counters here (Prometheus text format) every 100 ms and at exit")
+                 "rewrite the metrics here (Prometheus text format) every 100 ms and at exit")
       ->envname("TALLY_STATS_FILE");
+  app.add_option(
+         "--http-listen", http_listen,
+         "serve /metrics, /healthz and /readyz over HTTP here, host:port (port 0 picks one); "
+         "unset: no HTTP")
+      ->envname("TALLY_HTTP_LISTEN");
   app.add_option("--io-threads", options.io_threads, "I/O threads")
       ->envname("TALLY_IO_THREADS")
       ->capture_default_str()
@@ -150,6 +166,15 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.listen = *address;
+  std::optional<tally::HostPort> http_address;
+  if (!http_listen.empty()) {
+    auto hp = tally::parse_host_port(http_listen);
+    if (!hp) {
+      spdlog::error("--http-listen: {}", hp.status().to_string());
+      return 2;
+    }
+    http_address = *hp;
+  }
   options.memory_budget_bytes = memory_budget;
   options.max_chunk_bytes = max_chunk;
   options.connection.heartbeat_interval = std::chrono::milliseconds(heartbeat_ms);
@@ -170,9 +195,36 @@ int main(int argc, char** argv) {
     spdlog::error("cannot start: {}", reducer.status().to_string());
     return 1;
   }
+  const tally::ReducerIdentity identity{options.shard, options.shard_count, options.group,
+                                        options.group_count, options.transport};
+  tally::ReducerMetrics metrics(**reducer, identity);
+  std::unique_ptr<tally::HttpServer> http;
+  if (http_address) {
+    tally::HttpServerOptions http_options;
+    http_options.listen = *http_address;
+    const tally::Reducer& r = **reducer;
+    auto started = tally::HttpServer::start(
+        http_options, [&r, &metrics](std::string_view target) { return serve(r, metrics, target); },
+        {[&metrics](const std::string& path, unsigned status) {
+           const bool known = path == "/metrics" || path == "/healthz" || path == "/readyz";
+           metrics.count_request(known ? path : "other", status);
+         },
+         [&metrics] { metrics.count_rejected(); }, [&metrics] { metrics.count_timed_out(); }});
+    if (!started) {
+      spdlog::error("cannot start: {}", started.status().to_string());
+      return 1;
+    }
+    http = std::move(*started);
+    spdlog::info("serving /metrics, /healthz and /readyz on http://{}",
+                 http->address().to_string());
+  }
   if (!ready_file.empty()) {
     const std::string tmp = ready_file + ".tmp";
-    std::ofstream(tmp) << (*reducer)->address().to_string() << "\n";
+    {
+      std::ofstream out(tmp);
+      out << (*reducer)->address().to_string() << "\n";
+      if (http) out << "http " << http->address().to_string() << "\n";
+    }
     std::rename(tmp.c_str(), ready_file.c_str());  // readers never see a partial file
   }
   int sig = 0;
@@ -181,13 +233,15 @@ int main(int argc, char** argv) {
   } else {
     const timespec interval{0, std::chrono::nanoseconds(kStatsInterval).count()};
     while ((sig = sigtimedwait(&signals, nullptr, &interval)) < 0)
-      write_stats(stats_file, (*reducer)->stats());
+      write_stats(stats_file, **reducer, identity);
   }
   spdlog::info("received {}, shutting down", sig == SIGINT ? "SIGINT" : "SIGTERM");
   auto stats = (*reducer)->stats();
+  // /healthz and /readyz answer 503 while the streams close.
   (*reducer)->stop();
   (*reducer)->wait();
-  if (!stats_file.empty()) write_stats(stats_file, (*reducer)->stats());
+  if (http) http->stop();
+  if (!stats_file.empty()) write_stats(stats_file, **reducer, identity);
   spdlog::info(
       "done: {} chunks summed, {} bytes in, {} bytes out, {} replica bytes in, {} replica bytes "
       "out, "

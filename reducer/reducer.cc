@@ -6,6 +6,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+#include <atomic>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
@@ -34,6 +36,9 @@ namespace asio = boost::asio;
 constexpr std::chrono::milliseconds kShutdownGrace{1000};
 // How often jobs are checked for timed-out ops.
 constexpr std::chrono::milliseconds kSweepInterval{100};
+// /healthz fails when the 100 ms sweep has not run for this long: I/O thread
+// 0 is wedged (50 missed sweeps; loaded machines delay timers by far less).
+constexpr std::chrono::milliseconds kStalledSweep{5000};
 
 namespace {
 
@@ -51,9 +56,10 @@ class InboundStream final : public FrameHandler,
   using Closed = std::function<void(const std::shared_ptr<InboundStream>&)>;
 
   InboundStream(std::shared_ptr<Connection> conn, std::chrono::milliseconds hello_timeout,
-                Route route, Closed closed)
+                std::shared_ptr<ReducerCounters> counters, Route route, Closed closed)
       : conn_(std::move(conn)),
         hello_timeout_(hello_timeout),
+        counters_(std::move(counters)),
         route_(std::move(route)),
         closed_(std::move(closed)) {}
 
@@ -74,7 +80,17 @@ class InboundStream final : public FrameHandler,
   }
 
   PayloadAction on_data_header(const FrameHeader& h) override {
-    if (session_) return session_->on_data_header(h);
+    if (session_) {
+      PayloadAction action = session_->on_data_header(h);
+      // A paused stream is offered the same header again after resume().
+      const bool paused = action.kind == PayloadAction::Kind::kPause;
+      if (paused != paused_) {
+        paused_ = paused;
+        counters_->streams_paused.fetch_add(paused ? 1 : -1, std::memory_order_relaxed);
+        if (paused) counters_->stream_pauses.fetch_add(1, std::memory_order_relaxed);
+      }
+      return action;
+    }
     return PayloadAction::close(
         Status(ErrorCode::kProtocol, "data frame from " + conn_->peer() + " before its hello"));
   }
@@ -85,6 +101,11 @@ class InboundStream final : public FrameHandler,
     if (!session_ && (message.has_hello() || message.has_replica_hello())) {
       hello_timer_->cancel();
       session_ = route_(message, conn_);
+      if (session_) {
+        kind_ =
+            message.has_replica_hello() ? &counters_->replica_streams : &counters_->worker_streams;
+        kind_->fetch_add(1, std::memory_order_relaxed);
+      }
     }
     if (session_) return session_->on_control(message);
     if (message.has_goodbye()) return;  // it leaves before joining anything
@@ -98,6 +119,10 @@ class InboundStream final : public FrameHandler,
   }
   void on_closed(const Status& why) override {
     if (hello_timer_) hello_timer_->cancel();
+    if (kind_) kind_->fetch_sub(1, std::memory_order_relaxed);
+    kind_ = nullptr;
+    if (paused_) counters_->streams_paused.fetch_sub(1, std::memory_order_relaxed);
+    paused_ = false;
     if (session_) {
       session_->on_closed(why);
     } else if (why.code() != ErrorCode::kCancelled) {
@@ -110,10 +135,13 @@ class InboundStream final : public FrameHandler,
  private:
   const std::shared_ptr<Connection> conn_;
   const std::chrono::milliseconds hello_timeout_;
+  const std::shared_ptr<ReducerCounters> counters_;
   const Route route_;
   const Closed closed_;
   std::optional<asio::steady_timer> hello_timer_;
   std::shared_ptr<FrameHandler> session_;
+  std::atomic<int64_t>* kind_ = nullptr;  // counts this stream while routed
+  bool paused_ = false;                   // counted in streams_paused
 };
 
 }  // namespace
@@ -128,8 +156,11 @@ struct Reducer::Impl : std::enable_shared_from_this<Reducer::Impl> {
   std::shared_ptr<Fabric> fabric;  // with --transport fabric
   std::unique_ptr<asio::steady_timer> sweep_timer;
   std::shared_ptr<SlabPool> pool;
-  ReducerCounters counters;
+  // Shared with the streams, which may outlive a stopping Impl by a handler.
+  std::shared_ptr<ReducerCounters> counters = std::make_shared<ReducerCounters>();
   HostPort bound;
+  // When the sweep last ran on I/O thread 0: /healthz fails if it stalls.
+  std::atomic<int64_t> last_sweep_ns{Job::Clock::now().time_since_epoch().count()};
 
   std::mutex mu;  // the streams; taken on accept, close and stop only
   std::unordered_set<std::shared_ptr<InboundStream>> streams;
@@ -147,7 +178,7 @@ void Reducer::Impl::on_accept(asio::ip::tcp::socket socket) {
   auto conn = make_connection(fabric, std::move(socket), options.connection);
   std::weak_ptr<Impl> weak = shared_from_this();
   auto stream = std::make_shared<InboundStream>(
-      conn, options.hello_timeout,
+      conn, options.hello_timeout, counters,
       [weak](const wire::Control& first,
              std::shared_ptr<Connection> c) -> std::shared_ptr<FrameHandler> {
         auto self = weak.lock();
@@ -182,7 +213,9 @@ void Reducer::Impl::arm_sweep() {
       std::lock_guard lock(self->mu);
       if (self->stopping) return;
     }
-    self->context->jobs->sweep(Job::Clock::now());
+    const auto now = Job::Clock::now();
+    self->last_sweep_ns.store(now.time_since_epoch().count(), std::memory_order_relaxed);
+    self->context->jobs->sweep(now);
     self->arm_sweep();
   });
 }
@@ -306,7 +339,7 @@ Result<std::unique_ptr<Reducer>> Reducer::start(const ReducerOptions& options) {
   if (options.group_count > 1) {
     impl->context->replicas = std::make_shared<Replicas>(impl->options, impl->fabric);
   }
-  impl->context->jobs = std::make_shared<JobTable>(impl->options, impl->pool, impl->counters,
+  impl->context->jobs = std::make_shared<JobTable>(impl->options, impl->pool, *impl->counters,
                                                    impl->context->replicas);
   if (impl->context->replicas) {
     std::weak_ptr<JobTable> jobs = impl->context->jobs;
@@ -385,17 +418,77 @@ HostPort Reducer::address() const { return impl_->bound; }
 
 ReducerStats Reducer::stats() const {
   ReducerStats s;
-  const ReducerCounters& c = impl_->counters;
+  const ReducerCounters& c = *impl_->counters;
   s.bytes_received = c.bytes_received.load();
   s.bytes_sent = c.bytes_sent.load();
   s.replica_bytes_received = c.replica_bytes_received.load();
   s.replica_bytes_sent = c.replica_bytes_sent.load();
   s.chunks_finished = c.chunks_finished.load();
   s.ops_failed = c.ops_failed.load();
+  s.ops_completed = c.ops_completed.load();
+  for (size_t i = 0; i < ReducerCounters::kReasons; ++i) {
+    const uint64_t ops = c.ops_failed_by[i].load();
+    const uint64_t chunks = c.chunks_failed_by[i].load();
+    if (ops == 0 && chunks == 0) continue;
+    const std::string reason(error_code_name(static_cast<ErrorCode>(i)));
+    s.ops_failed_by_reason[reason] = ops;
+    s.chunks_failed_by_reason[reason] = chunks;
+  }
+  s.op_seconds = c.op_seconds.Collect().histogram;
+  s.straggler_ranks = c.straggler_ranks.load();
+  s.worker_streams = static_cast<size_t>(std::max<int64_t>(0, c.worker_streams.load()));
+  s.replica_streams = static_cast<size_t>(std::max<int64_t>(0, c.replica_streams.load()));
+  s.streams_paused = static_cast<size_t>(std::max<int64_t>(0, c.streams_paused.load()));
+  s.stream_pauses = c.stream_pauses.load();
+  s.slabs_total = impl_->pool->total();
+  s.slabs_in_use = impl_->pool->in_use();
+  const size_t unreserved = impl_->pool->available();
+  s.slabs_free = unreserved;
+  s.slabs_reserved_idle =
+      s.slabs_total - unreserved - std::min(s.slabs_in_use, s.slabs_total - unreserved);
+  s.slabs_per_job = Job::quota_slabs(impl_->options.window_chunks, 1);
+  if (impl_->context->replicas) {
+    s.replica_links_up = impl_->context->replicas->links_up();
+    s.replica_links_expected = impl_->context->replicas->links_expected();
+  }
   s.jobs = impl_->context->jobs->size();
   std::lock_guard lock(impl_->mu);
   s.connections = impl_->streams.size();
+  s.stopping = impl_->stopping;
   return s;
+}
+
+Status Reducer::liveness() const {
+  {
+    std::lock_guard lock(impl_->mu);
+    if (impl_->stopping) return Status(ErrorCode::kUnavailable, "shutting down");
+  }
+  const auto last = Job::Clock::time_point(Job::Clock::duration(impl_->last_sweep_ns.load()));
+  const auto stalled = Job::Clock::now() - last;
+  if (stalled > kStalledSweep) {
+    return Status(
+        ErrorCode::kUnavailable,
+        "I/O thread 0 has not run the sweep for " +
+            std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(stalled).count()) +
+            " ms");
+  }
+  return Status::ok();
+}
+
+Status Reducer::readiness() const {
+  TALLY_RETURN_IF_ERROR(liveness());
+  const ReducerStats s = stats();
+  if (s.replica_links_up < s.replica_links_expected) {
+    return Status(ErrorCode::kUnavailable, std::to_string(s.replica_links_up) + " of " +
+                                               std::to_string(s.replica_links_expected) +
+                                               " replica links up");
+  }
+  if (s.slabs_free < s.slabs_per_job) {
+    return Status(ErrorCode::kResourceExhausted,
+                  "memory budget full: " + std::to_string(s.slabs_free) +
+                      " free chunk buffers, a job needs " + std::to_string(s.slabs_per_job));
+  }
+  return Status::ok();
 }
 
 void Reducer::stop() { impl_->stop(); }

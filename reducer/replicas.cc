@@ -20,6 +20,7 @@ Result<std::vector<HostPort>> read_pool_list(const ReducerOptions& o) {
     ss << in.rdbuf();
     text = ss.str();
   }
+  // A pattern (tally-{0..7}.svc:7070) stands for its addresses (pool.h).
   auto out = parse_pool(text);
   if (!out) return out.status();
   const size_t want = size_t{o.shard_count} * o.group_count;
@@ -114,6 +115,13 @@ void Replicas::stream_up(uint32_t group, StreamDirection direction) {
   Replica& r = replicas_.at(group);
   (direction == StreamDirection::kOutbound ? r.out_up : r.in_up) = true;
   if (r.out_up && r.in_up) r.lost.reset();
+  count_links_locked();
+}
+
+void Replicas::count_links_locked() {
+  size_t up = 0;
+  for (const Replica& r : replicas_) up += r.out_up && r.in_up;
+  links_up_.store(up, std::memory_order_relaxed);
 }
 
 void Replicas::stream_down(uint32_t group, StreamDirection direction, const Status& why) {
@@ -122,6 +130,7 @@ void Replicas::stream_down(uint32_t group, StreamDirection direction, const Stat
     std::lock_guard lock(mu_);
     Replica& r = replicas_.at(group);
     (direction == StreamDirection::kOutbound ? r.out_up : r.in_up) = false;
+    count_links_locked();
     if (!r.lost) {
       std::string who = replica_name(options_.shard, group);
       if (!r.address.empty()) who += " at " + r.address;

@@ -78,6 +78,7 @@ std::shared_ptr<Slab> SlabQuota::try_take(std::function<void()> waiter) {
   }
   std::byte* data = free_.back();
   free_.pop_back();
+  pool_->in_use_.fetch_add(1, std::memory_order_relaxed);
   return std::make_shared<Slab>(shared_from_this(), data, pool_->slab_bytes());
 }
 
@@ -94,6 +95,7 @@ void SlabQuota::give(std::byte* data) {
     std::lock_guard lock(mu_);
     free_.push_back(data);
     wake.swap(waiters_);
+    pool_->in_use_.fetch_sub(1, std::memory_order_relaxed);
   }
   for (auto& w : wake) w();
 }

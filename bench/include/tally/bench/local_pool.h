@@ -18,6 +18,8 @@ struct LocalPoolOptions {
   uint32_t groups = 1;
   // Give each reducer --stats-file (stats_path()).
   bool stats = false;
+  // Give each reducer --http-listen 127.0.0.1:0 (http_addresses()).
+  bool http = false;
   std::string reducer_path;  // empty: tally-reducer beside this executable, then ../reducer/
   std::vector<std::string> extra_args;  // passed to every reducer
   std::string log_dir;  // reducer stderr goes to log_dir/reducer-<index>.log; empty: inherit
@@ -42,6 +44,9 @@ class LocalPool {
   // Comma-separated, as TALLY_POOL wants it.
   std::string pool_string() const;
   Process& reducer(uint32_t index) { return processes_[index]; }
+  // "host:port" of each reducer's /metrics, /healthz and /readyz (with
+  // options.http), by index.
+  const std::vector<std::string>& http_addresses() const { return http_addresses_; }
   // Where reducer `index` writes its counters (with options.stats).
   std::string stats_path(uint32_t index) const { return dir_ + "/stats-" + std::to_string(index); }
   // Starts reducer `index` again, on the address it had (after it was
@@ -60,6 +65,7 @@ class LocalPool {
   std::vector<Process> processes_;
   std::vector<ProcessSpec> specs_;
   std::vector<std::string> addresses_;
+  std::vector<std::string> http_addresses_;
 };
 
 // Finds tally-reducer: $TALLY_REDUCER, beside this executable, or the build

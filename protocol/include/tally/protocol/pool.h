@@ -15,7 +15,9 @@
 namespace tally {
 
 // Parses a pool list "host:port,host:port,..." (commas or newlines; blanks and
-// CR trimmed; empty items skipped). Pure. Errors: kInvalidArgument naming the
+// CR trimmed; empty items skipped), each item possibly a pattern standing
+// for several addresses (tally-{0..7}.tally.ns.svc:7070; pool_pattern.h).
+// Pure. Errors: kInvalidArgument naming the
 // bad item (parse_host_port's message). An empty list is not an error here:
 // callers say what an empty pool means to them.
 Result<std::vector<HostPort>> parse_pool(std::string_view text);

@@ -15,6 +15,9 @@
 // is held across I/O: members post their sends to their own thread.
 #pragma once
 
+#include <prometheus/histogram.h>
+
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -63,6 +66,8 @@ struct JobSettings {
   std::string name;
   uint32_t world_size = 1;
   uint32_t shard = 0;
+  // Shards in the pool: chunk k of an op goes to shard k mod shard_count.
+  uint32_t shard_count = 1;
   // This reducer's replica group, and the workers of the job in each group
   // (empty: one group of world_size).
   uint32_t group = 0;
@@ -92,13 +97,46 @@ struct PendingContribution {
 
 // Counters of one reducer, shared by its jobs. Bytes are payload bytes:
 // worker_* to and from workers, replica_* to and from other replicas.
+// Everything is a relaxed atomic (or prometheus-cpp's histogram, whose leaf
+// lock is held for one bucket increment), so counting never takes a lock of
+// the data path; /metrics reads them (reducer/metrics.cc).
 struct ReducerCounters {
+  // ErrorCode values are 0..kInternal (status.h): one slot each.
+  static constexpr size_t kReasons = static_cast<size_t>(ErrorCode::kInternal) + 1;
+
   std::atomic<uint64_t> bytes_received{0};
   std::atomic<uint64_t> bytes_sent{0};
   std::atomic<uint64_t> replica_bytes_received{0};
   std::atomic<uint64_t> replica_bytes_sent{0};
   std::atomic<uint64_t> chunks_finished{0};
   std::atomic<uint64_t> ops_failed{0};
+  // Ops whose every chunk on this reducer has been finished.
+  std::atomic<uint64_t> ops_completed{0};
+  // Failures by ErrorCode: ops, and the chunks in flight they took down.
+  std::array<std::atomic<uint64_t>, kReasons> ops_failed_by{};
+  std::array<std::atomic<uint64_t>, kReasons> chunks_failed_by{};
+  // Distinct (job, rank) pairs some chunk has waited on for longer than
+  // half the op timeout, as of the last sweep (a gauge).
+  std::atomic<uint64_t> straggler_ranks{0};
+  // Streams by kind (a gauge each): said Hello, said ReplicaHello.
+  std::atomic<int64_t> worker_streams{0};
+  std::atomic<int64_t> replica_streams{0};
+  // Streams not reading because their job's buffers are all in use (a
+  // gauge), and how often a stream was paused.
+  std::atomic<int64_t> streams_paused{0};
+  std::atomic<uint64_t> stream_pauses{0};
+  // Seconds from an op's first contribution header here to its last
+  // chunk's result being queued, observed once per completed op.
+  prometheus::Histogram op_seconds{
+      prometheus::Histogram::BucketBoundaries{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
+                                              0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}};
+
+  void count_op_failed(ErrorCode code, size_t chunks) {
+    const size_t i = static_cast<size_t>(code) < kReasons ? static_cast<size_t>(code) : 0;
+    ops_failed.fetch_add(1, std::memory_order_relaxed);
+    ops_failed_by[i].fetch_add(1, std::memory_order_relaxed);
+    chunks_failed_by[i].fetch_add(chunks, std::memory_order_relaxed);
+  }
 };
 
 // How a member left: with a goodbye (its stated reason) or lost.
@@ -165,8 +203,9 @@ class Job : public std::enable_shared_from_this<Job> {
   // timeout (a job created by a replica whose own workers never came).
   bool abandoned(Clock::time_point now) const;
   // Fails chunks older than the op timeout (naming the missing ranks) and
-  // logs stragglers past half of it.
-  void sweep(Clock::time_point now);
+  // logs stragglers past half of it. Returns how many distinct ranks are
+  // being waited on past half the op timeout (for /metrics).
+  size_t sweep(Clock::time_point now);
   // Whether no member is connected.
   bool empty() const;
   // Why ranks left this job (goodbye reasons and losses), for the next job
@@ -234,6 +273,14 @@ class Job : public std::enable_shared_from_this<Job> {
   std::unordered_map<uint64_t, std::shared_ptr<const wire::Control>> failed_ops_;
   std::deque<uint64_t> failed_order_;
   std::set<uint64_t> straggler_logged_;
+  // Ops with chunks in flight here: when the first began, and how many of
+  // the chunks this shard gets are finished (for the op-latency histogram).
+  struct OpProgress {
+    Clock::time_point began;
+    uint64_t expected = 0;
+    uint64_t finished = 0;
+  };
+  std::map<uint64_t, OpProgress> op_progress_;
 };
 
 }  // namespace tally

@@ -2,9 +2,12 @@
 // streams the results back. One Reducer is one shard of a pool.
 #pragma once
 
+#include <prometheus/client_metric.h>
+
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -49,6 +52,8 @@ struct ReducerOptions {
   std::chrono::milliseconds max_op_timeout{3600 * 1000};
 };
 
+// A snapshot of the reducer's counters and gauges (docs/operations.md lists
+// their meaning as /metrics names them).
 struct ReducerStats {
   uint64_t bytes_received = 0;  // payload bytes from workers
   uint64_t bytes_sent = 0;      // payload bytes to workers
@@ -56,8 +61,29 @@ struct ReducerStats {
   uint64_t replica_bytes_sent = 0;
   uint64_t chunks_finished = 0;
   uint64_t ops_failed = 0;
+  uint64_t ops_completed = 0;
+  // By ErrorCode name ("TIMEOUT", ...); reasons never seen are absent.
+  std::map<std::string, uint64_t> ops_failed_by_reason;
+  std::map<std::string, uint64_t> chunks_failed_by_reason;
+  // Seconds per completed op on this reducer (prometheus-cpp's buckets).
+  prometheus::ClientMetric::Histogram op_seconds;
+  uint64_t straggler_ranks = 0;
+  size_t worker_streams = 0;
+  size_t replica_streams = 0;
+  size_t streams_paused = 0;
+  uint64_t stream_pauses = 0;
+  // Chunk buffers: all, holding data, reserved by a job but idle, and not
+  // reserved by any job; and what one more job (one group) reserves.
+  size_t slabs_total = 0;
+  size_t slabs_in_use = 0;
+  size_t slabs_reserved_idle = 0;
+  size_t slabs_free = 0;
+  size_t slabs_per_job = 0;
+  size_t replica_links_up = 0;
+  size_t replica_links_expected = 0;
   size_t jobs = 0;
   size_t connections = 0;
+  bool stopping = false;
 };
 
 class Reducer {
@@ -69,7 +95,15 @@ class Reducer {
 
   // The bound address (the real port when options.listen.port was 0).
   HostPort address() const;
+  // Thread-safe, never blocks on the data path (atomics; the job table's
+  // and the buffer pool's locks for a moment, as a new job takes them).
   ReducerStats stats() const;
+  // /healthz: ok unless stopping or I/O thread 0 has not run its 100 ms
+  // sweep for 5 s. Thread-safe, non-blocking.
+  Status liveness() const;
+  // /readyz: live, every replica link up, and enough free chunk buffers
+  // for one more job. Errors say which is missing. Thread-safe.
+  Status readiness() const;
   // Sends every stream a shutdown error and closes it; idempotent,
   // thread-safe, does not block.
   void stop();

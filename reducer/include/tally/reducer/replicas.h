@@ -7,6 +7,7 @@
 // and makes new ones fail at once, until both are up again.
 #pragma once
 
+#include <atomic>
 #include <boost/asio/io_context.hpp>
 #include <chrono>
 #include <cstdint>
@@ -72,6 +73,10 @@ class Replicas final : public ReplicaMesh, public std::enable_shared_from_this<R
   void stream_up(uint32_t group, StreamDirection direction);
   void stream_down(uint32_t group, StreamDirection direction, const Status& why);
   std::vector<std::shared_ptr<const wire::Control>> announcements(uint32_t group) const;
+  // Replicas of this shard with both streams up, and how many there are
+  // (group count - 1), for /metrics and /readyz. Lock-free.
+  size_t links_up() const { return links_up_.load(std::memory_order_relaxed); }
+  size_t links_expected() const { return options_.group_count - 1; }
   // With --transport fabric: the outbound streams' data path; else null.
   const std::shared_ptr<Fabric>& fabric() const { return fabric_; }
 
@@ -87,8 +92,12 @@ class Replicas final : public ReplicaMesh, public std::enable_shared_from_this<R
   const std::shared_ptr<Fabric> fabric_;
   ReplicaCallbacks callbacks_;
   std::vector<std::shared_ptr<ReplicaLink>> links_;  // by group; null for our own
+  // Recounts links_up_ after a stream came up or went down; mu_ held.
+  void count_links_locked();
+
   mutable std::mutex mu_;
   std::vector<Replica> replicas_;  // by group
+  std::atomic<size_t> links_up_{0};
 };
 
 }  // namespace tally

@@ -4,6 +4,7 @@
 // a slab comes back (back-pressure), they never grow memory or drop data.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <deque>
 #include <functional>
@@ -29,17 +30,22 @@ class SlabPool {
   size_t slab_bytes() const { return slab_bytes_; }
   size_t total() const { return count_; }
   size_t available() const;
+  // Slabs holding data now (taken from a quota, not yet given back);
+  // lock-free, for /metrics.
+  size_t in_use() const { return in_use_.load(std::memory_order_relaxed); }
   // Takes n slabs, or none (empty result) if fewer are free.
   std::vector<std::byte*> take(size_t n);
   void give_back(const std::vector<std::byte*>& slabs);
 
  private:
+  friend class SlabQuota;  // counts in_use_
   SlabPool(std::byte* base, size_t slab_bytes, size_t count);
   std::byte* base_;
   size_t slab_bytes_;
   size_t count_;
   mutable std::mutex mu_;
   std::vector<std::byte*> free_;
+  std::atomic<size_t> in_use_{0};
 };
 
 class SlabQuota;

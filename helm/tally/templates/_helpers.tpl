@@ -1,0 +1,77 @@
+{{/*
+Names. The StatefulSet's pods are <fullname>-<ordinal>; 52 characters leave
+room for the ordinal and the controller-revision-hash label.
+*/}}
+{{- define "tally.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 52 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 52 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "tally.selectorLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: reducer
+{{- end -}}
+
+{{- define "tally.labels" -}}
+{{ include "tally.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{/* Reducers in the pool: shards x groups (int64: values load as float64). */}}
+{{- define "tally.replicas" -}}
+{{- mul (int64 .Values.shards) (int64 .Values.groups) -}}
+{{- end -}}
+
+{{/*
+The pool as workers and reducers take it (TALLY_POOL, --pool): a pattern
+that tally expands to every pod's stable DNS name, in ordinal order, which
+is (group, shard) order.
+*/}}
+{{- define "tally.pool" -}}
+{{- $name := include "tally.fullname" . -}}
+{{- printf "%s-{0..%d}.%s.%s.svc.%s:%d" $name (sub (int64 (include "tally.replicas" .)) 1) $name .Release.Namespace .Values.clusterDomain (int64 .Values.port) -}}
+{{- end -}}
+
+{{/*
+Chunk buffers one job reserves on a reducer when every group has workers:
+window x (1 + 2F) + 2, F = 2 log2(P) + (1 if G > P), P the largest power of
+two <= G, F = 0 with one group (docs/configuration.md).
+*/}}
+{{- define "tally.jobSlabs" -}}
+{{- $g := int64 .Values.groups -}}
+{{- $p := int64 1 -}}
+{{- $levels := int64 0 -}}
+{{- range $i := until 11 -}}
+{{- if le (mul $p 2) $g -}}
+{{- $p = mul $p 2 -}}
+{{- $levels = add $levels 1 -}}
+{{- end -}}
+{{- end -}}
+{{- $f := int64 0 -}}
+{{- if gt $g 1 -}}
+{{- $f = add (mul 2 $levels) (ternary 1 0 (gt $g $p)) -}}
+{{- end -}}
+{{- add (mul (int64 .Values.window) (add 1 (mul 2 $f))) 2 -}}
+{{- end -}}
+
+{{/* Fails rendering when the budget cannot hold one job (the reducer would refuse to start). */}}
+{{- define "tally.validate" -}}
+{{- $budget := int64 .Values.memoryBudgetBytes -}}
+{{- $chunk := int64 .Values.maxChunkBytes -}}
+{{- $slabs := div $budget $chunk -}}
+{{- $need := int64 (include "tally.jobSlabs" .) -}}
+{{- if lt $slabs $need -}}
+{{- fail (printf "memoryBudgetBytes=%d holds %d chunk buffers of maxChunkBytes=%d, but one job needs %d (window=%d x (1 + 2F) + 2 with %d groups): set memoryBudgetBytes to at least %d" $budget $slabs $chunk $need (int64 .Values.window) (int64 .Values.groups) (mul $need $chunk)) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Container memory: the budget plus the overhead, requested and limited alike. */}}
+{{- define "tally.memory" -}}
+{{- add (int64 .Values.memoryBudgetBytes) (int64 .Values.memoryOverheadBytes) -}}
+{{- end -}}

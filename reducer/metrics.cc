@@ -1,0 +1,181 @@
+#include "tally/reducer/metrics.h"
+
+#include <prometheus/text_serializer.h>
+
+#include <sstream>
+
+namespace tally {
+
+namespace {
+
+using prometheus::ClientMetric;
+using prometheus::MetricFamily;
+using prometheus::MetricType;
+
+ClientMetric sample(double value, MetricType type, std::vector<ClientMetric::Label> labels = {}) {
+  ClientMetric m;
+  m.label = std::move(labels);
+  if (type == MetricType::Counter) {
+    m.counter.value = value;
+  } else {
+    m.gauge.value = value;
+  }
+  return m;
+}
+
+MetricFamily family(std::string name, std::string help, MetricType type,
+                    std::vector<ClientMetric> samples) {
+  return MetricFamily{std::move(name), std::move(help), type, std::move(samples)};
+}
+
+MetricFamily single(std::string name, std::string help, MetricType type, double value) {
+  return family(std::move(name), std::move(help), type, {sample(value, type)});
+}
+
+// One sample per reason seen; a family with no sample is still described
+// (HELP and TYPE), so dashboards know it exists before the first failure.
+MetricFamily by_reason(std::string name, std::string help,
+                       const std::map<std::string, uint64_t>& counts) {
+  std::vector<ClientMetric> samples;
+  for (const auto& [reason, n] : counts) {
+    samples.push_back(sample(static_cast<double>(n), MetricType::Counter, {{"reason", reason}}));
+  }
+  return family(std::move(name), std::move(help), MetricType::Counter, std::move(samples));
+}
+
+}  // namespace
+
+std::vector<MetricFamily> reducer_metric_families(const ReducerStats& s, const ReducerIdentity& id,
+                                                  bool ready) {
+  const auto d = [](auto v) { return static_cast<double>(v); };
+  std::vector<MetricFamily> out;
+  out.push_back(family("tally_reducer_info", "This reducer's place in its pool; always 1.",
+                       MetricType::Gauge,
+                       {sample(1, MetricType::Gauge,
+                               {{"version", TALLY_VERSION},
+                                {"git", TALLY_GIT_SHA},
+                                {"shard", std::to_string(id.shard)},
+                                {"shards", std::to_string(id.shard_count)},
+                                {"group", std::to_string(id.group)},
+                                {"groups", std::to_string(id.group_count)},
+                                {"transport", id.transport}})}));
+  out.push_back(family(
+      "tally_payload_bytes_received_total",
+      "Payload bytes received (frame headers and control messages not included), by peer kind.",
+      MetricType::Counter,
+      {sample(d(s.bytes_received), MetricType::Counter, {{"peer", "worker"}}),
+       sample(d(s.replica_bytes_received), MetricType::Counter, {{"peer", "replica"}})}));
+  out.push_back(
+      family("tally_payload_bytes_sent_total",
+             "Payload bytes queued for sending (results to workers, partial sums to replicas), by "
+             "peer kind.",
+             MetricType::Counter,
+             {sample(d(s.bytes_sent), MetricType::Counter, {{"peer", "worker"}}),
+              sample(d(s.replica_bytes_sent), MetricType::Counter, {{"peer", "replica"}})}));
+  out.push_back(single("tally_chunks_completed_total",
+                       "Chunks summed here and whose result was queued to the workers.",
+                       MetricType::Counter, d(s.chunks_finished)));
+  out.push_back(by_reason("tally_chunks_failed_total",
+                          "Chunks in flight here when their op failed, by the op's error code.",
+                          s.chunks_failed_by_reason));
+  out.push_back(single("tally_ops_completed_total",
+                       "Ops whose every chunk on this reducer was completed.", MetricType::Counter,
+                       d(s.ops_completed)));
+  out.push_back(by_reason("tally_ops_failed_total",
+                          "Ops failed on this reducer, by error code (TIMEOUT, PEER_LOST, "
+                          "MISMATCH, ...).",
+                          s.ops_failed_by_reason));
+  {
+    ClientMetric h;
+    h.histogram = s.op_seconds;
+    out.push_back(family("tally_op_duration_seconds",
+                         "Seconds from an op's first contribution on this reducer to its last "
+                         "result here being queued, per completed op.",
+                         MetricType::Histogram, {h}));
+  }
+  out.push_back(single("tally_jobs_active", "Jobs with state on this reducer.", MetricType::Gauge,
+                       d(s.jobs)));
+  const size_t routed = s.worker_streams + s.replica_streams;
+  out.push_back(family(
+      "tally_streams_active",
+      "Open streams: from workers, from other replicas, and accepted but not yet past hello.",
+      MetricType::Gauge,
+      {sample(d(s.worker_streams), MetricType::Gauge, {{"kind", "worker"}}),
+       sample(d(s.replica_streams), MetricType::Gauge, {{"kind", "replica"}}),
+       sample(d(s.connections > routed ? s.connections - routed : 0), MetricType::Gauge,
+              {{"kind", "handshake"}})}));
+  out.push_back(single("tally_streams_paused",
+                       "Streams not being read because their job's chunk buffers are all in use "
+                       "(back-pressure).",
+                       MetricType::Gauge, d(s.streams_paused)));
+  out.push_back(single("tally_stream_pauses_total", "Times a stream was paused for back-pressure.",
+                       MetricType::Counter, d(s.stream_pauses)));
+  out.push_back(
+      family("tally_slabs",
+             "Chunk buffers by state: holding data, reserved by a job but idle, not reserved.",
+             MetricType::Gauge,
+             {sample(d(s.slabs_in_use), MetricType::Gauge, {{"state", "in_use"}}),
+              sample(d(s.slabs_reserved_idle), MetricType::Gauge, {{"state", "reserved_idle"}}),
+              sample(d(s.slabs_free), MetricType::Gauge, {{"state", "free"}})}));
+  out.push_back(single("tally_slabs_per_job",
+                       "Chunk buffers a new one-group job reserves (window + 2).",
+                       MetricType::Gauge, d(s.slabs_per_job)));
+  out.push_back(single("tally_straggler_ranks",
+                       "Ranks some chunk here has waited on for longer than half the op timeout, "
+                       "as of the last 100 ms sweep.",
+                       MetricType::Gauge, d(s.straggler_ranks)));
+  out.push_back(single("tally_replica_links_up",
+                       "Other replicas of this shard with both streams up.", MetricType::Gauge,
+                       d(s.replica_links_up)));
+  out.push_back(single("tally_replica_links", "Other replicas of this shard (groups - 1).",
+                       MetricType::Gauge, d(s.replica_links_expected)));
+  out.push_back(
+      single("tally_ready", "1 when /readyz answers 200.", MetricType::Gauge, ready ? 1 : 0));
+  return out;
+}
+
+std::string metrics_text(const std::vector<MetricFamily>& families) {
+  std::ostringstream out;
+  prometheus::TextSerializer().Serialize(out, families);
+  return out.str();
+}
+
+ReducerMetrics::ReducerMetrics(const Reducer& reducer, ReducerIdentity identity)
+    : reducer_(reducer),
+      identity_(std::move(identity)),
+      http_registry_(std::make_shared<prometheus::Registry>()),
+      requests_(prometheus::BuildCounter()
+                    .Name("tally_http_requests_total")
+                    .Help("HTTP requests answered, by path and status code.")
+                    .Register(*http_registry_)),
+      rejected_(prometheus::BuildCounter()
+                    .Name("tally_http_connections_rejected_total")
+                    .Help("HTTP connections closed at once because the server was at its "
+                          "connection limit.")
+                    .Register(*http_registry_)
+                    .Add({})),
+      timed_out_(prometheus::BuildCounter()
+                     .Name("tally_http_connections_timed_out_total")
+                     .Help("HTTP connections cut because a request was not read or its answer "
+                           "not written within the deadline.")
+                     .Register(*http_registry_)
+                     .Add({})) {}
+
+std::vector<MetricFamily> ReducerMetrics::Collect() const {
+  auto out = reducer_metric_families(reducer_.stats(), identity_, reducer_.readiness().is_ok());
+  auto http = http_registry_->Collect();
+  out.insert(out.end(), std::make_move_iterator(http.begin()), std::make_move_iterator(http.end()));
+  return out;
+}
+
+std::string ReducerMetrics::scrape() const { return metrics_text(Collect()); }
+
+void ReducerMetrics::count_request(const std::string& path, unsigned status) {
+  requests_.Add({{"path", path}, {"code", std::to_string(status)}}).Increment();
+}
+
+void ReducerMetrics::count_rejected() { rejected_.Increment(); }
+
+void ReducerMetrics::count_timed_out() { timed_out_.Increment(); }
+
+}  // namespace tally

@@ -1,0 +1,320 @@
+"""Checks of helm/tally with the real helm binary (deploy/fetch-helm.sh).
+
+Renders the chart under the three values files in helm/tally/ci/ and checks
+the objects: names and ports agree across Service, StatefulSet, probes and
+NOTES.txt; the objects validate against the Kubernetes API schemas
+(kubernetes-models, offline); the pod's command starts a pool of real tally-reducer processes
+(adapted to loopback) that answers /readyz; the schema and the template
+checks refuse bad values with a clear message.
+
+Environment: TALLY_HELM (the helm binary; default build/tools/helm, fetched
+if missing), TALLY_REDUCER (tally-reducer, for the start-up test).
+"""
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.request
+
+import pytest
+import yaml
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CHART = os.path.join(ROOT, "helm", "tally")
+VALUES = sorted(os.path.join(CHART, "ci", f) for f in os.listdir(os.path.join(CHART, "ci")))
+NAMESPACE = "ml"
+RELEASE = "pool"
+
+
+@pytest.fixture(scope="session")
+def helm():
+    path = os.environ.get("TALLY_HELM") or os.path.join(ROOT, "build", "tools", "helm")
+    if not os.access(path, os.X_OK):
+        r = subprocess.run([os.path.join(ROOT, "deploy", "fetch-helm.sh"), os.path.dirname(path)],
+                           capture_output=True, text=True, timeout=400)
+        if r.returncode != 0 or not os.access(path, os.X_OK):
+            pytest.skip(f"helm is not available and could not be fetched: {r.stderr.strip()}")
+    return path
+
+
+def run_helm(helm, *args, check=True):
+    r = subprocess.run([helm, *args], capture_output=True, text=True, timeout=60)
+    if check:
+        assert r.returncode == 0, f"helm {' '.join(args)}:\n{r.stdout}\n{r.stderr}"
+    return r
+
+
+def render(helm, values=None, sets=(), chart=CHART):
+    args = ["template", RELEASE, chart, "--namespace", NAMESPACE]
+    if values:
+        args += ["-f", values]
+    for s in sets:
+        args += ["--set", s]
+    docs = [d for d in yaml.safe_load_all(run_helm(helm, *args).stdout) if d]
+    return {(d["kind"], d["metadata"]["name"]): d for d in docs}
+
+
+def notes(helm, values=None, sets=()):
+    """NOTES.txt as a user sees it, rendered by helm's own engine: helm
+    template skips NOTES.txt, so a copy of the chart renders it through
+    `tpl` into a ConfigMap."""
+    with tempfile.TemporaryDirectory() as tmp:
+        chart = os.path.join(tmp, "tally")
+        shutil.copytree(CHART, chart)
+        os.makedirs(os.path.join(chart, "notes"))
+        shutil.copy(os.path.join(chart, "templates", "NOTES.txt"), os.path.join(chart, "notes", "NOTES.txt"))
+        with open(os.path.join(chart, "templates", "zz-notes.yaml"), "w") as f:
+            f.write('apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: notes\n'
+                    'data:\n  notes: {{ tpl (.Files.Get "notes/NOTES.txt") . | quote }}\n')
+        return render(helm, values, sets, chart=chart)[("ConfigMap", "notes")]["data"]["notes"]
+
+
+def values_of(path):
+    with open(os.path.join(CHART, "values.yaml")) as f:
+        v = yaml.safe_load(f)
+    with open(path) as f:
+        v.update(yaml.safe_load(f) or {})
+    return v
+
+
+def statefulset(objs):
+    (sts,) = [o for (k, _), o in objs.items() if k == "StatefulSet"]
+    return sts
+
+
+def reducer_script(sts):
+    c = sts["spec"]["template"]["spec"]["containers"][0]
+    assert c["command"] == ["/bin/sh", "-c"]
+    return c["args"][0]
+
+
+@pytest.mark.parametrize("values", VALUES, ids=os.path.basename)
+def test_lint_strict(helm, values):
+    r = run_helm(helm, "lint", "--strict", CHART, "-f", values)
+    assert "0 chart(s) failed" in r.stdout
+
+
+@pytest.mark.parametrize("values", VALUES, ids=os.path.basename)
+def test_names_ports_and_probes_agree(helm, values):
+    v = values_of(values)
+    objs = render(helm, values)
+    sts = statefulset(objs)
+    name = sts["metadata"]["name"]
+    svc = objs[("Service", name)]
+    assert sts["spec"]["serviceName"] == name
+    assert svc["spec"]["clusterIP"] == "None"
+    assert svc["spec"]["publishNotReadyAddresses"] is True
+    assert sts["spec"]["podManagementPolicy"] == "Parallel"
+    assert sts["spec"]["replicas"] == v["shards"] * v["groups"]
+    # The Service selects exactly the StatefulSet's pods.
+    pod_labels = sts["spec"]["template"]["metadata"]["labels"]
+    assert all(pod_labels.get(k) == val for k, val in svc["spec"]["selector"].items())
+    assert sts["spec"]["selector"]["matchLabels"] == svc["spec"]["selector"]
+    c = sts["spec"]["template"]["spec"]["containers"][0]
+    container_ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert container_ports == {"tally": v["port"], "http": v["httpPort"]}
+    svc_ports = {p["name"]: (p["port"], p["targetPort"]) for p in svc["spec"]["ports"]}
+    assert svc_ports == {"tally": (v["port"], "tally"), "http": (v["httpPort"], "http")}
+    for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz"), ("startupProbe", "/healthz")):
+        get = c[probe]["httpGet"]
+        assert get["path"] == path
+        port = get["port"]
+        assert container_ports.get(port, port) == v["httpPort"], probe
+    script = reducer_script(sts)
+    assert f"--listen 0.0.0.0:{v['port']}" in script
+    assert f"--http-listen 0.0.0.0:{v['httpPort']}" in script
+    ann = sts["spec"]["template"]["metadata"]["annotations"]
+    assert ann["prometheus.io/port"] == str(v["httpPort"])
+    # Memory: the budget plus the overhead, as plain integers (no 4.294967296e+09).
+    mem = str(v["memoryBudgetBytes"] + v["memoryOverheadBytes"])
+    assert c["resources"]["requests"]["memory"] == mem
+    assert c["resources"]["limits"]["memory"] == mem
+    assert f"--memory-budget {v['memoryBudgetBytes']} " in script + " "
+    assert "e+" not in json.dumps(list(objs.values()))
+    pdb = objs.get(("PodDisruptionBudget", name))
+    assert (pdb is not None) == v["podDisruptionBudget"]["enabled"]
+    if pdb:
+        assert pdb["spec"]["selector"]["matchLabels"] == svc["spec"]["selector"]
+    nps = objs.get(("NetworkPolicy", name))
+    assert (nps is not None) == v["networkPolicy"]["enabled"]
+    if nps:
+        ports = [p["port"] for rule in nps["spec"]["ingress"] for p in rule["ports"]]
+        assert sorted(ports) == ["http", "tally"]  # named: they follow the container's ports
+    sm = objs.get(("ServiceMonitor", name))
+    assert (sm is not None) == v["serviceMonitor"]["enabled"]
+    if sm:
+        assert sm["spec"]["endpoints"][0]["port"] == "http"
+        assert sm["spec"]["endpoints"][0]["path"] == "/metrics"
+        assert sm["spec"]["selector"]["matchLabels"] == svc["spec"]["selector"]
+    spec = sts["spec"]["template"]["spec"]
+    anti = spec.get("affinity", {}).get("podAntiAffinity", {})
+    if v["podAntiAffinity"] == "hard":
+        assert "requiredDuringSchedulingIgnoredDuringExecution" in anti
+    elif v["podAntiAffinity"] == "soft":
+        assert "preferredDuringSchedulingIgnoredDuringExecution" in anti
+    else:
+        assert not anti
+    assert spec.get("priorityClassName", "") == v["priorityClassName"]
+    assert spec.get("nodeSelector", {}) == v["nodeSelector"]
+    assert spec.get("tolerations", []) == v["tolerations"]
+    assert spec["securityContext"]["runAsNonRoot"] is True
+
+
+@pytest.mark.parametrize("values", VALUES, ids=os.path.basename)
+def test_notes_pool_matches_the_statefulset_and_service(helm, values):
+    v = values_of(values)
+    objs = render(helm, values)
+    sts = statefulset(objs)
+    name = sts["metadata"]["name"]
+    text = notes(helm, values)
+    n = v["shards"] * v["groups"]
+    pool = f"{name}-{{0..{n - 1}}}.{name}.{NAMESPACE}.svc.{v['clusterDomain']}:{v['port']}"
+    assert f"TALLY_POOL={pool}\n" in text, text
+    assert f"TALLY_GROUPS={v['groups']}\n" in text, text
+    assert ("TALLY_TRANSPORT=fabric" in text) == (v["transport"] == "fabric")
+    # The reducers are given the same pool.
+    assert f"--pool '{pool}'" in reducer_script(sts)
+    # Pod names <statefulset>-<ordinal> under the Service's domain are what
+    # the pattern expands to.
+    assert objs[("Service", name)]["metadata"]["name"] == name
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_get(port, host, path):
+    try:
+        with urllib.request.urlopen(f"http://{host}:{port}{path}", timeout=2) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+    except OSError as e:
+        return None, str(e)
+
+
+@pytest.mark.parametrize("values", [p for p in VALUES if "fabric" not in p], ids=os.path.basename)
+def test_pod_command_starts_a_pool_that_gets_ready(helm, values, tmp_path):
+    """Runs the StatefulSet's command for every ordinal, as the pods would,
+    with only the addresses moved to loopback: pod i listens on 127.0.0.(i+1)
+    and the pool's DNS names become those addresses."""
+    reducer = os.environ.get("TALLY_REDUCER")
+    if not reducer or not os.access(reducer, os.X_OK):
+        pytest.skip("TALLY_REDUCER is not set to a tally-reducer binary")
+    v = values_of(values)
+    port, http = free_port(), free_port()
+    budget = 64 << 20
+    chunk = 1 << 20  # small enough for a test machine, still valid for the chart
+    objs = render(helm, values, sets=[f"port={port}", f"httpPort={http}", f"memoryBudgetBytes={budget}",
+                                      f"maxChunkBytes={chunk}", "window=2", "logLevel=info"])
+    sts = statefulset(objs)
+    name = sts["metadata"]["name"]
+    n = sts["spec"]["replicas"]
+    script = reducer_script(sts)
+    dns = f"{name}-{{0..{n - 1}}}.{name}.{NAMESPACE}.svc.{v['clusterDomain']}:{port}"
+    assert dns in script
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    os.symlink(os.path.abspath(reducer), bindir / "tally-reducer")
+    procs = []
+    try:
+        for i in range(n):
+            local = script.replace("0.0.0.0", f"127.0.0.{i + 1}").replace(dns, f"127.0.0.{{1..{n}}}:{port}")
+            env = dict(os.environ, HOSTNAME=f"{name}-{i}", PATH=f"{bindir}:{os.environ['PATH']}")
+            log = open(tmp_path / f"reducer-{i}.log", "w")
+            procs.append(subprocess.Popen(["/bin/sh", "-c", local], env=env, stderr=log, stdout=log))
+        deadline = time.monotonic() + 20
+        pending = set(range(n))
+        while pending and time.monotonic() < deadline:
+            for i in list(pending):
+                assert procs[i].poll() is None, (tmp_path / f"reducer-{i}.log").read_text()
+                status, _ = http_get(http, f"127.0.0.{i + 1}", "/readyz")
+                if status == 200:
+                    pending.discard(i)
+            time.sleep(0.1)
+        assert not pending, {i: http_get(http, f"127.0.0.{i + 1}", "/readyz") for i in pending}
+        for i in range(n):
+            status, text = http_get(http, f"127.0.0.{i + 1}", "/metrics")
+            assert status == 200
+            info = re.search(r'tally_reducer_info\{[^}]*shard="(\d+)",shards="(\d+)",group="(\d+)",groups="(\d+)"', text)
+            assert info, text[:500]
+            assert tuple(map(int, info.groups())) == (i % v["shards"], v["shards"], i // v["shards"], v["groups"])
+            links = re.search(r"^tally_replica_links_up (\S+)$", text, re.M)
+            assert float(links.group(1)) == v["groups"] - 1
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                assert p.wait(timeout=10) == 0
+            except subprocess.TimeoutExpired:
+                p.kill()
+                raise
+
+
+@pytest.mark.parametrize("values", VALUES, ids=os.path.basename)
+def test_objects_validate_against_the_kubernetes_schemas(helm, values):
+    """Offline, with the npm package kubernetes-models (types and required
+    fields; it does not report unknown fields)."""
+    models = os.path.join(os.path.dirname(helm), "k8s", "node_modules")
+    if not shutil.which("node") or not os.path.isdir(os.path.join(models, "kubernetes-models")):
+        pytest.skip(f"node or kubernetes-models (deploy/fetch-helm.sh puts it in {models}) is missing")
+    objs = list(render(helm, values).values())
+    r = subprocess.run(["node", os.path.join(os.path.dirname(__file__), "validate_k8s.js")],
+                       input=json.dumps(objs), capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, NODE_PATH=models))
+    assert r.returncode == 0, r.stdout + r.stderr
+    for (kind, name) in render(helm, values):
+        if kind != "ServiceMonitor":  # a CRD: not in kubernetes-models
+            assert f"valid {kind}/{name}" in r.stdout, r.stdout
+
+
+def test_schema_rejects_a_negative_shard_count(helm):
+    r = run_helm(helm, "template", RELEASE, CHART, "--set", "shards=-1", check=False)
+    assert r.returncode != 0
+    assert "shards: Must be greater than or equal to 1" in r.stderr, r.stderr
+    r = run_helm(helm, "lint", "--strict", CHART, "--set", "shards=-1", check=False)
+    assert r.returncode != 0, r.stdout
+
+
+@pytest.mark.parametrize("bad,message", [
+    ("groups=0", "groups: Must be greater than or equal to 1"),
+    ("maxChunkBytes=5000", "maxChunkBytes: Must be a multiple of 4096"),
+    ("transport=udp", "transport: transport must be one of the following"),
+    ("window=0", "window: Must be greater than or equal to 1"),
+    ("podAntiAffinity=maybe", "podAntiAffinity: podAntiAffinity must be one of the following"),
+])
+def test_schema_rejects_bad_values(helm, bad, message):
+    r = run_helm(helm, "template", RELEASE, CHART, "--set", bad, check=False)
+    assert r.returncode != 0
+    assert message in r.stderr, r.stderr
+
+
+def test_a_memory_budget_below_one_window_is_refused(helm):
+    # 8 MiB holds 2 buffers of 4 MiB; a job needs window 8 + 2 = 10.
+    r = run_helm(helm, "template", RELEASE, CHART, "--set", "memoryBudgetBytes=8388608", check=False)
+    assert r.returncode != 0
+    assert ("memoryBudgetBytes=8388608 holds 2 chunk buffers of maxChunkBytes=4194304, but one job needs 10"
+            in r.stderr), r.stderr
+    assert "at least 41943040" in r.stderr
+    # With 3 groups a job needs window x (1 + 2F) + 2 = 8 x 7 + 2 = 58 buffers.
+    r = run_helm(helm, "template", RELEASE, CHART, "--set", "groups=3", "--set", "memoryBudgetBytes=209715200",
+                 check=False)
+    assert r.returncode != 0
+    assert "one job needs 58" in r.stderr, r.stderr
+    # The smallest budget that holds one job renders.
+    run_helm(helm, "template", RELEASE, CHART, "--set", "memoryBudgetBytes=41943040")
+
+
+def test_large_integers_render_as_integers(helm):
+    objs = render(helm, sets=["memoryBudgetBytes=68719476736"])  # 64 GiB
+    script = reducer_script(statefulset(objs))
+    assert "--memory-budget 68719476736 " in script
+    assert "e+" not in script
