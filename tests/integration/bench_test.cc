@@ -69,30 +69,17 @@ TEST(Bench, GroupSweepReportsBytesPerReducer) {
   EXPECT_EQ(*st, 0) << out << read_file(dir + "/stderr");
   EXPECT_TRUE(contains(out, "transport=tcp W=6 S=2 G=3 chunk=16KiB")) << out;
   EXPECT_TRUE(contains(out, "# Out of bounds values : 0 OK")) << out;
-  // One row per size and reducer: size s g w, 4 measured, '|', 3 formula.
-  size_t rows = 0;
-  std::istringstream in(out);
-  std::string line;
-  while (std::getline(in, line)) {
-    std::istringstream fields(line);
-    double v[8];
-    std::string bar;
-    double f[3];
-    uint64_t size, s, g, w;
-    if (!(fields >> size >> s >> g >> w >> v[0] >> v[1] >> v[2] >> v[3] >> bar >> f[0] >> f[1] >>
-          f[2]) ||
-        bar != "|") {
-      continue;
-    }
-    ++rows;
-    EXPECT_EQ(w, 2u) << line;
-    EXPECT_NEAR(v[0], f[0], 64) << line;
-    EXPECT_NEAR(v[1], f[0], 64) << line;
-    EXPECT_NEAR(v[2], f[1], 64) << line;
-    EXPECT_NEAR(v[3], f[2], 64) << line;
-    EXPECT_GT(f[1], 0) << line;
+  // One row per size and reducer.
+  const auto rows = traffic_rows(out);
+  for (const TrafficRow& r : rows) {
+    EXPECT_EQ(r.workers, 2u) << r.line;
+    EXPECT_NEAR(r.measured[0], r.formula[0], 64) << r.line;
+    EXPECT_NEAR(r.measured[1], r.formula[0], 64) << r.line;
+    EXPECT_NEAR(r.measured[2], r.formula[1], 64) << r.line;
+    EXPECT_NEAR(r.measured[3], r.formula[2], 64) << r.line;
+    EXPECT_GT(r.formula[1], 0) << r.line;
   }
-  EXPECT_EQ(rows, 2u * 6u) << out;
+  EXPECT_EQ(rows.size(), 2u * 6u) << out;
 }
 
 // Driver mode against a pool that is already running (--pool), as on a

@@ -229,4 +229,25 @@ void expect_allreduce_works(TestCluster& cluster, uint32_t workers, const std::s
   }
 }
 
+std::vector<TrafficRow> traffic_rows(const std::string& bench_output) {
+  std::vector<TrafficRow> rows;
+  std::istringstream in(bench_output);
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream fields(line);
+    TrafficRow r;
+    std::string bar;
+    double* m = r.measured;
+    double* f = r.formula;
+    if (!(fields >> r.size >> r.shard >> r.group >> r.workers >> m[0] >> m[1] >> m[2] >> m[3] >>
+          bar >> f[0] >> f[1] >> f[2]) ||
+        bar != "|") {
+      continue;
+    }
+    r.line = line;
+    rows.push_back(std::move(r));
+  }
+  return rows;
+}
+
 }  // namespace tally::testing

@@ -173,6 +173,18 @@ std::string unique_job(const std::string& hint);
 
 bool contains(const std::string& s, const std::string& what);
 
+// One row of tally-bench's per-reducer byte report: size s g w, the four
+// measured bytes per op (worker in, worker out, replica in, replica out),
+// '|', the formula's three (worker, replica in, replica out).
+struct TrafficRow {
+  std::string line;
+  uint64_t size = 0, shard = 0, group = 0, workers = 0;
+  double measured[4] = {};
+  double formula[3] = {};
+};
+// Every such row of the bench's output, in order.
+std::vector<TrafficRow> traffic_rows(const std::string& bench_output);
+
 // Runs a normal all-reduce of `workers` ranks (3 ops, multi-chunk) on the
 // cluster's transport and expects every rank to finish with exact results
 // within 30 s.

@@ -184,27 +184,15 @@ TEST(Observe, BenchWithAGivenPoolReadsItsMetrics) {
   const std::string out = read_file(p.dir + "/bench.out");
   ASSERT_TRUE(st.has_value());
   ASSERT_EQ(*st, 0) << out << read_file(p.dir + "/bench.err");
-  size_t rows = 0;
-  std::istringstream in(out);
-  std::string line;
-  while (std::getline(in, line)) {
-    std::istringstream fields(line);
-    double v[4], f[3];
-    std::string bar;
-    uint64_t size, s, g, w;
-    if (!(fields >> size >> s >> g >> w >> v[0] >> v[1] >> v[2] >> v[3] >> bar >> f[0] >> f[1] >>
-          f[2]) ||
-        bar != "|") {
-      continue;
-    }
-    ++rows;
-    EXPECT_EQ(w, 3u) << line;
-    EXPECT_NEAR(v[0], f[0], 64) << line;  // the barrier ops add a few bytes
-    EXPECT_NEAR(v[1], f[0], 64) << line;
-    EXPECT_GT(v[0], 0) << line;
-    EXPECT_EQ(v[2], 0) << line;
+  const auto rows = traffic_rows(out);
+  for (const TrafficRow& r : rows) {
+    EXPECT_EQ(r.workers, 3u) << r.line;
+    EXPECT_NEAR(r.measured[0], r.formula[0], 64) << r.line;  // the barrier ops add a few bytes
+    EXPECT_NEAR(r.measured[1], r.formula[0], 64) << r.line;
+    EXPECT_GT(r.measured[0], 0) << r.line;
+    EXPECT_EQ(r.measured[2], 0) << r.line;
   }
-  EXPECT_EQ(rows, 2u * 2u) << out;
+  EXPECT_EQ(rows.size(), 2u * 2u) << out;
 }
 
 uint16_t free_port() {

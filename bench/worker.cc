@@ -1,0 +1,302 @@
+#include "worker.h"
+
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <thread>
+
+#include "reducer_traffic.h"
+#include "worker.h"
+#include "tally/bench/local_pool.h"
+#include "tally/bench/metrics_scrape.h"
+#include "tally/bench/pattern.h"
+#include "tally/bench/process.h"
+#include "tally/client/client.h"
+#include "tally/protocol/chunking.h"
+#include "tally/protocol/groups.h"
+#include "tally/protocol/pool.h"
+#include "tally/protocol/pool_pattern.h"
+#include "tally/reducer/butterfly.h"
+
+
+namespace tally::bench {
+namespace {
+
+struct ReducerRow {
+  uint32_t shard, group;
+  Counters measured;  // per op
+  Expected expected;
+};
+
+struct Row {
+  size_t bytes;
+  size_t count;
+  double time_us;
+  double algbw;
+  double wrong;
+  std::vector<ReducerRow> reducers;
+};
+
+std::string human_bytes(size_t b) {
+  if (b % (1u << 20) == 0) return std::to_string(b >> 20) + "MiB";
+  if (b % 1024 == 0) return std::to_string(b >> 10) + "KiB";
+  return std::to_string(b) + "B";
+}
+
+template <typename T>
+size_t run_check(Client& client, T* data, size_t count, DType dtype, RedOp redop, Status& status) {
+  fill_pattern(data, count, client.rank());
+  status = client.allreduce(data, count, dtype, redop);
+  if (!status) return count;
+  return count_wrong(data, count, client.world_size(), redop);
+}
+
+}  // namespace
+
+int run_worker(const SweepOptions& sweep) {
+  auto options = client_options_from_env();
+  if (!options) {
+    spdlog::error("{}", options.status().to_string());
+    return 2;
+  }
+  auto dtype = parse_dtype(sweep.dtype);
+  auto redop = parse_redop(sweep.redop);
+  if (!dtype || !redop) {
+    spdlog::error("unknown dtype '{}' or reduction '{}'", sweep.dtype, sweep.redop);
+    return 2;
+  }
+  auto connected = Client::connect(*options);
+  if (!connected) {
+    spdlog::error("rank {}: {}", options->rank, connected.status().to_string());
+    return 2;
+  }
+  Client& client = **connected;
+  const size_t esize = dtype_size(*dtype);
+  // One buffer for the whole sweep, in huge pages, touched once up front.
+  const size_t capacity = (sweep.max_bytes + 4095) / 4096 * 4096 + 4096;
+  void* mem = mmap(nullptr, capacity, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (mem == MAP_FAILED) {
+    spdlog::error("cannot map {} bytes", capacity);
+    return 2;
+  }
+  madvise(mem, capacity, MADV_HUGEPAGE);
+  std::memset(mem, 0, capacity);
+
+  const bool leader = client.rank() == 0;
+  const bool measure = !sweep.reducer_metrics.empty();
+  if (measure && sweep.reducer_metrics.size() != size_t{client.shards()} * client.groups()) {
+    spdlog::error("--reducer-metrics lists {} addresses for {} reducers",
+                  sweep.reducer_metrics.size(), client.shards() * client.groups());
+    return 2;
+  }
+  const std::vector<uint32_t> group_sizes =
+      default_group_sizes(client.world_size(), client.groups());
+  // Every rank takes part; rank 0 reads the counters while the others wait.
+  double barrier_value = 0;
+  auto barrier = [&] { return client.allreduce(&barrier_value, 1, DType::kFloat64, RedOp::kSum); };
+  // The counters are live: results are counted before they are sent, so
+  // once every rank has its results the counters hold them.
+  Status scraped;
+  auto snapshot = [&] {
+    std::vector<Counters> out;
+    if (!leader) return out;
+    for (auto& address : sweep.reducer_metrics) {
+      auto c = read_counters(address);
+      if (!c) scraped = c.status();
+      out.push_back(c ? *c : Counters{});
+    }
+    return out;
+  };
+  std::vector<Row> rows;
+  if (leader) {
+    std::printf("# tally-bench %s (%s) transport=%s W=%u S=%u G=%u chunk=%s\n", TALLY_VERSION,
+                TALLY_GIT_SHA, options->transport.c_str(), client.world_size(), client.shards(),
+                client.groups(), human_bytes(options->chunk_bytes).c_str());
+    std::printf(
+        "# reduction server: every worker sends and receives the buffer once, so busbw = algbw\n");
+    std::printf(
+        "# warm-up %d, timed %d iterations; time is the mean over ranks; #wrong is checked "
+        "outside the timed loop\n#\n",
+        sweep.warmup, sweep.iters);
+    std::printf("# %10s %12s %8s %6s %10s %12s %12s %8s\n", "size", "count", "type", "redop",
+                "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
+    std::fflush(stdout);
+  }
+  int exit_code = 0;
+  for (size_t bytes = sweep.min_bytes; bytes <= sweep.max_bytes;
+       bytes = sweep.factor > 1 ? bytes * sweep.factor : bytes + 1) {
+    const size_t count = bytes / esize;
+    if (count == 0) continue;
+    Status status;
+    size_t wrong = 0;
+    if (sweep.check) {
+      switch (*dtype) {
+        case DType::kFloat32:
+          wrong = run_check(client, static_cast<float*>(mem), count, *dtype, *redop, status);
+          break;
+        case DType::kFloat64:
+          wrong = run_check(client, static_cast<double*>(mem), count, *dtype, *redop, status);
+          break;
+        case DType::kInt32:
+          wrong = run_check(client, static_cast<int32_t*>(mem), count, *dtype, *redop, status);
+          break;
+        case DType::kInt64:
+          wrong = run_check(client, static_cast<int64_t*>(mem), count, *dtype, *redop, status);
+          break;
+        default:
+          status = Status(ErrorCode::kUnimplemented, "bench cannot check " + sweep.dtype);
+      }
+    }
+    for (int i = 0; status && i < sweep.warmup; ++i)
+      status = client.allreduce(mem, count, *dtype, *redop);
+    std::vector<Counters> before;
+    if (measure && status) {
+      status = barrier();
+      before = snapshot();
+      if (status) status = barrier();
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; status && i < sweep.iters; ++i)
+      status = client.allreduce(mem, count, *dtype, *redop);
+    const auto t1 = std::chrono::steady_clock::now();
+    if (!status) {
+      spdlog::error("rank {}: all-reduce of {} bytes failed: {}", client.rank(), bytes,
+                    status.to_string());
+      return 1;
+    }
+    double stats[2] = {
+        std::chrono::duration<double, std::micro>(t1 - t0).count() / std::max(1, sweep.iters),
+        static_cast<double>(wrong)};
+    status = client.allreduce(stats, 2, DType::kFloat64, RedOp::kSum);
+    std::vector<Counters> after;
+    if (measure && status) {
+      after = snapshot();
+      status = barrier();
+    }
+    if (!status) {
+      spdlog::error("rank {}: gathering results failed: {}", client.rank(), status.to_string());
+      return 1;
+    }
+    if (!scraped) {
+      spdlog::error("reading the reducers' /metrics failed: {}", scraped.to_string());
+      return 1;
+    }
+    Row row{count * esize, count, stats[0] / client.world_size(), 0, stats[1], {}};
+    row.algbw = row.time_us > 0 ? static_cast<double>(row.bytes) / row.time_us / 1e3 : 0;
+    if (measure && leader) {
+      const ChunkPlan plan(row.bytes, esize, options->chunk_bytes, client.shards());
+      const double n = sweep.iters;
+      for (uint32_t g = 0; g < client.groups(); ++g) {
+        for (uint32_t s = 0; s < client.shards(); ++s) {
+          const size_t i = pool_index(g, s, client.shards());
+          ReducerRow rr;
+          rr.shard = s;
+          rr.group = g;
+          rr.measured.worker_in = (after[i].worker_in - before[i].worker_in) / n;
+          rr.measured.worker_out = (after[i].worker_out - before[i].worker_out) / n;
+          rr.measured.replica_in = (after[i].replica_in - before[i].replica_in) / n;
+          rr.measured.replica_out = (after[i].replica_out - before[i].replica_out) / n;
+          rr.expected = expected_bytes(plan, esize, s, g, group_sizes);
+          row.reducers.push_back(rr);
+        }
+      }
+    }
+    if (row.wrong > 0) exit_code = 3;
+    if (leader) {
+      rows.push_back(row);
+      std::printf("  %10zu %12zu %8s %6s %10.1f %12.3f %12.3f %8.0f\n", row.bytes, row.count,
+                  std::string(dtype_name(*dtype)).c_str(), std::string(redop_name(*redop)).c_str(),
+                  row.time_us, row.algbw, row.algbw, row.wrong);
+      std::fflush(stdout);
+    }
+    if (sweep.factor <= 1 && bytes == sweep.max_bytes) break;
+  }
+  if (leader) {
+    double avg = 0;
+    for (auto& r : rows) avg += r.algbw;
+    if (!rows.empty()) avg /= static_cast<double>(rows.size());
+    std::printf("# Out of bounds values : %s\n", exit_code == 0 ? "0 OK" : "FAILED");
+    std::printf("# Avg bus bandwidth    : %.3f\n#\n", avg);
+    if (measure) {
+      std::printf(
+          "# Payload bytes per op at each reducer (shard s, group g; w = workers of the group), "
+          "measured from its counters over the timed loop,\n"
+          "# and the formula's: workers w x N_s each way (N_s: shard s's bytes of the tensor); "
+          "replicas 2(P-1)/P x N_s each way\n"
+          "# (P: largest power of two <= groups with workers; +N_s for a replica paired with an "
+          "extra; an extra sends and receives N_s)\n");
+      std::printf("# %10s %3s %3s %3s %12s %12s %12s %12s | %12s %12s %12s\n", "size", "s", "g",
+                  "w", "worker-in", "worker-out", "replica-in", "replica-out", "f:worker",
+                  "f:replica-in", "f:replica-out");
+      for (const Row& r : rows) {
+        for (const ReducerRow& rr : r.reducers) {
+          std::printf("  %10zu %3u %3u %3u %12.0f %12.0f %12.0f %12.0f | %12.0f %12.0f %12.0f\n",
+                      r.bytes, rr.shard, rr.group, group_sizes[rr.group], rr.measured.worker_in,
+                      rr.measured.worker_out, rr.measured.replica_in, rr.measured.replica_out,
+                      rr.expected.worker, rr.expected.replica_in, rr.expected.replica_out);
+        }
+      }
+      std::printf("#\n");
+    }
+    if (!sweep.json_path.empty()) {
+      std::ofstream out(sweep.json_path);
+      out << "{\n  \"tool\": \"tally-bench\",\n  \"version\": \"" << TALLY_VERSION
+          << "\",\n  \"git\": \"" << TALLY_GIT_SHA << "\",\n  \"transport\": \""
+          << options->transport << "\",\n"
+          << "  \"workers\": " << client.world_size() << ",\n  \"shards\": " << client.shards()
+          << ",\n  \"groups\": " << client.groups()
+          << ",\n  \"chunk_bytes\": " << options->chunk_bytes
+          << ",\n  \"busbw_factor\": 1.0,\n  \"rows\": [\n";
+      for (size_t i = 0; i < rows.size(); ++i) {
+        const Row& r = rows[i];
+        char line[512];
+        std::snprintf(
+            line, sizeof(line),
+            "    {\"size\": %zu, \"count\": %zu, \"type\": \"%s\", \"redop\": \"%s\", "
+            "\"time_us\": %.3f, \"algbw_gbps\": %.6f, \"busbw_gbps\": %.6f, \"wrong\": %.0f",
+            r.bytes, r.count, std::string(dtype_name(*dtype)).c_str(),
+            std::string(redop_name(*redop)).c_str(), r.time_us, r.algbw, r.algbw, r.wrong);
+        out << line;
+        if (!r.reducers.empty()) {
+          out << ", \"reducers\": [";
+          for (size_t j = 0; j < r.reducers.size(); ++j) {
+            const ReducerRow& rr = r.reducers[j];
+            std::snprintf(
+                line, sizeof(line),
+                "%s{\"shard\": %u, \"group\": %u, \"worker_in\": %.0f, \"worker_out\": %.0f, "
+                "\"replica_in\": %.0f, \"replica_out\": %.0f, \"expected_worker\": %.0f, "
+                "\"expected_replica_in\": %.0f, \"expected_replica_out\": %.0f}",
+                j ? ", " : "", rr.shard, rr.group, rr.measured.worker_in, rr.measured.worker_out,
+                rr.measured.replica_in, rr.measured.replica_out, rr.expected.worker,
+                rr.expected.replica_in, rr.expected.replica_out);
+            out << line;
+          }
+          out << "]";
+        }
+        out << "}" << (i + 1 < rows.size() ? "," : "") << "\n";
+      }
+      out << "  ],\n  \"avg_busbw_gbps\": " << avg << "\n}\n";
+      if (!out) {
+        spdlog::error("cannot write {}", sweep.json_path);
+        return 2;
+      }
+    }
+  }
+  munmap(mem, capacity);
+  return exit_code;
+}
+
+// One transport's sweep from the driver: W worker processes against the
+// pool, and the CPU the reducers and the workers spent on it.
+
+}  // namespace tally::bench

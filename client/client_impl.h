@@ -1,0 +1,106 @@
+// Private to libtally: the state of a Client (one I/O thread, its streams
+// to the reducers, the ops in flight) shared by client.cc and shard_link.cc.
+#pragma once
+
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "op_state.h"
+#include "tally/client/client.h"
+#include "tally/protocol/chunking.h"
+#include "tally/protocol/fabric_transport.h"
+
+namespace tally {
+namespace client_internal {
+
+using std::chrono::milliseconds;
+
+// Pause between attempts to reach a reducer that is not listening yet.
+inline constexpr milliseconds kConnectRetry{100};
+// After an op fails, how long its in-flight I/O may take to drain before the
+// streams still touching the caller's buffer are closed.
+inline constexpr milliseconds kDrainGrace{2000};
+// Early op errors kept for ops this worker has not started yet.
+inline constexpr size_t kEarlyErrorsKept = 1024;
+
+// The client's own deadline is a backstop behind the reducers' op timeout,
+// which is the one that names missing ranks.
+inline milliseconds backstop(milliseconds op_timeout) {
+  return op_timeout + op_timeout / 2 + milliseconds(1000);
+}
+
+struct Op {
+  uint64_t id = 0;
+  std::byte* data = nullptr;
+  uint64_t count = 0;
+  DType dtype = DType::kFloat32;
+  RedOp redop = RedOp::kSum;
+  std::optional<ChunkPlan> plan;
+  uint64_t results = 0;
+  std::vector<uint8_t> got;            // by chunk: result written
+  std::vector<uint32_t> sending_on;    // by shard: sends the transport still reads
+  std::vector<uint32_t> receiving_on;  // by shard: cancelled receives still being written
+  std::vector<uint32_t> unanswered;    // by shard: chunks sent whose result has not come
+  bool failed = false;
+  bool finished = false;  // I/O thread's view; `done` below is the caller's
+  Status failure;
+  std::optional<boost::asio::steady_timer> deadline;
+  std::optional<boost::asio::steady_timer> drain;
+  // Where the caller learns the end (shared by the ops of a fused call).
+  std::shared_ptr<OpHandle::State> handle;
+};
+
+
+}  // namespace client_internal
+
+using client_internal::Op;
+class ShardLink;
+
+struct Client::Impl {
+  ClientOptions options;
+  uint64_t job = 0;
+  uint32_t group = 0;
+  std::vector<uint32_t> group_sizes;  // as sent in Hello
+  boost::asio::io_context io{1};
+  std::optional<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> guard;
+  std::thread thread;
+  // After `io`: endpoints are closed before the context they live on goes.
+  std::shared_ptr<Fabric> fabric;
+  std::vector<std::shared_ptr<ShardLink>> links;
+  std::mutex start_mu;
+  std::atomic<uint64_t> next_op{0};
+
+  // I/O thread only.
+  std::unordered_map<uint64_t, std::shared_ptr<Op>> ops;
+  std::map<uint64_t, Status> early_errors;
+  uint64_t started_below = 0;  // ops with smaller ids have been started
+  std::optional<Status> broken;
+  std::optional<Status> last_failure;  // of the latest failed op
+
+  void start_op(const std::shared_ptr<Op>& op);
+  void fail_op(std::shared_ptr<Op> op,
+               const Status& status);  // by value: callers may pass the ops map entry
+  void maybe_finish(std::shared_ptr<Op> op);
+  void on_op_error(uint64_t op_id, const Status& status);
+  void on_link_closed(uint32_t shard, const Status& status);
+  void pump(ShardLink& link);
+
+  // An op for `count` elements at `data`, or why the arguments are unusable.
+  Result<std::shared_ptr<Op>> make_op(void* data, size_t count, DType dtype, RedOp redop);
+  // Numbers `batch` (which may hold null entries: count-0 ops that only use
+  // a number) and posts its ops, with `handle` waiting for all of them.
+  OpHandle submit(const std::vector<std::shared_ptr<Op>>& batch,
+                  std::shared_ptr<OpHandle::State> handle, OpCallback on_done);
+};
+
+}  // namespace tally

@@ -1,0 +1,194 @@
+#include "shard_link.h"
+
+#include <boost/asio/steady_timer.hpp>
+
+#include "tally.pb.h"
+#include "tally/protocol/connection_factory.h"
+#include "tally/protocol/control.h"
+#include "tally/protocol/tcp_transport.h"
+
+namespace tally {
+namespace asio = boost::asio;
+using Clock = std::chrono::steady_clock;
+using client_internal::kConnectRetry;
+using std::chrono::milliseconds;
+
+void ShardLink::connect(Clock::time_point deadline) {
+  if (closing_) return settle(Status(ErrorCode::kCancelled, "client closed while connecting"));
+  const auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
+  if (left <= milliseconds(0)) {
+    return settle(
+        Status(ErrorCode::kTimeout, "could not reach reducer " + address_.to_string() +
+                                        " (shard " + std::to_string(shard_) + ") within " +
+                                        std::to_string(client_.options.connect_timeout.count()) +
+                                        " ms" + (last_error_.empty() ? "" : ": " + last_error_)));
+  }
+  async_tcp_connect(client_.io, address_, left,
+                    [self = shared_from_this(), deadline](Result<asio::ip::tcp::socket> r) {
+                      self->on_connected(std::move(r), deadline);
+                    });
+}
+
+void ShardLink::close(const Status& why) {
+  closing_ = true;
+  if (conn_) conn_->close(why);
+}
+
+void ShardLink::leave(const std::string& reason, std::function<void()> done) {
+  closing_ = true;  // a connect still in progress must not open a stream now
+  if (!conn_ || closed_) return done();
+  wire::Control bye;
+  bye.mutable_goodbye()->set_reason(reason);
+  // Weak: the callback sits in the connection's own queue (see the reducer's close_with_error).
+  conn_->send_control(bye, [weak = std::weak_ptr<Connection>(conn_), done](const Status&) {
+    if (auto conn = weak.lock())
+      conn->close(Status(ErrorCode::kCancelled, std::string(kCleanGoodbyeReason)));
+    done();
+  });
+}
+
+PayloadAction ShardLink::on_data_header(const FrameHeader& h) {
+  if (h.kind == FrameKind::kResult && h.op < client_.started_below) {
+    auto it = client_.ops.find(h.op);
+    if (it == client_.ops.end() || it->second->failed) return PayloadAction::discard();
+  }
+  return PayloadAction::close(Status(
+      ErrorCode::kProtocol, "unexpected " + describe(h) + " from reducer " + conn_->peer()));
+}
+
+void ShardLink::on_control(const wire::Control& message) {
+  if (message.has_welcome()) return on_welcome(message.welcome());
+  if (message.has_error()) {
+    Status status = status_from_error(message.error());
+    if (message.error().has_op()) {
+      return client_.on_op_error(message.error().op(),
+                                 status.with_context("reducer " + address_.to_string() +
+                                                     " (shard " + std::to_string(shard_) + ")"));
+    }
+    fatal_ = status;  // the reducer closes the stream next
+    if (!settled_) settle(status.with_context("reducer " + address_.to_string()));
+    return;
+  }
+  conn_->close(Status(ErrorCode::kProtocol,
+                      "unexpected control message from reducer " + address_.to_string()));
+}
+
+void ShardLink::on_closed(const Status& status) {
+  Status why = fatal_ ? *fatal_ : status;
+  why = why.with_context("lost reducer " + address_.to_string() + " (shard " +
+                         std::to_string(shard_) + ")");
+  closed_ = true;
+  if (!settled_) settle(why);
+  client_.on_link_closed(shard_, why);
+}
+
+void ShardLink::on_connected(Result<asio::ip::tcp::socket> r, Clock::time_point deadline) {
+  if (closing_) return settle(Status(ErrorCode::kCancelled, "client closed while connecting"));
+  if (!r) {
+    last_error_ = r.status().message();
+    if (r.status().code() == ErrorCode::kUnavailable && Clock::now() + kConnectRetry < deadline) {
+      auto timer = std::make_shared<asio::steady_timer>(client_.io, kConnectRetry);
+      timer->async_wait([self = shared_from_this(), timer, deadline](
+                            const boost::system::error_code&) { self->connect(deadline); });
+      return;
+    }
+    return settle(r.status().with_context("shard " + std::to_string(shard_)));
+  }
+  ConnectionOptions copts;
+  copts.max_data_bytes = client_.options.chunk_bytes;
+  copts.heartbeat_interval = client_.options.heartbeat_interval;
+  copts.peer_timeout = client_.options.peer_timeout;
+  conn_ = make_connection(client_.fabric, std::move(*r), copts);
+  conn_->start(shared_from_this());
+  wire::Control hello;
+  auto* h = hello.mutable_hello();
+  h->set_protocol_version(kProtocolVersion);
+  h->set_job(client_.options.job);
+  h->set_rank(client_.options.rank);
+  h->set_world_size(client_.options.world_size);
+  h->set_op_timeout_ms(static_cast<uint32_t>(client_.options.op_timeout.count()));
+  h->set_client_version(TALLY_VERSION);
+  h->set_group(client_.group);
+  for (uint32_t n : client_.group_sizes) h->add_group_sizes(n);
+  h->set_groups_explicit(client_.options.group.has_value());
+  if (Status s = conn_->describe_data_path(h->mutable_data_path()); !s.is_ok()) {
+    Status why = s.with_context("shard " + std::to_string(shard_));
+    settle(why);
+    return conn_->close(why);
+  }
+  conn_->send_control(hello);
+}
+
+void ShardLink::on_welcome(const wire::Welcome& w) {
+  const std::string who = "reducer " + address_.to_string();
+  if (settled_) {
+    return conn_->close(Status(ErrorCode::kProtocol, who + " sent a second welcome"));
+  }
+  Status bad;
+  const uint32_t group_count = std::max<uint32_t>(w.group_count(), 1);
+  if (w.shard_count() != client_.links.size() || w.shard() != shard_ ||
+      group_count != client_.options.groups || w.group() != client_.group) {
+    bad = Status(
+        ErrorCode::kInvalidArgument,
+        who + " is shard " + std::to_string(w.shard()) + " of " +
+            std::to_string(w.shard_count()) + " in group " + std::to_string(w.group()) + " of " +
+            std::to_string(group_count) + ", but TALLY_POOL lists it as shard " +
+            std::to_string(shard_) + " of " + std::to_string(client_.links.size()) +
+            " in group " + std::to_string(client_.group) + " of " +
+            std::to_string(client_.options.groups) +
+            " (the pool must list every reducer in shard order, group after group, i.e. in "
+            "(group, shard) order, and TALLY_GROUPS must match the pool)");
+  } else if (client_.options.chunk_bytes > w.max_chunk_bytes()) {
+    bad = Status(ErrorCode::kInvalidArgument,
+                 "chunk size " + std::to_string(client_.options.chunk_bytes) + " exceeds " + who +
+                     "'s maximum of " + std::to_string(w.max_chunk_bytes()));
+  } else if (w.protocol_version() != kProtocolVersion) {
+    bad = Status(ErrorCode::kVersionMismatch,
+                 who + " speaks protocol version " + std::to_string(w.protocol_version()) +
+                     ", this client speaks " + std::to_string(kProtocolVersion));
+  } else if (w.window_chunks() == 0) {
+    bad = Status(ErrorCode::kProtocol, who + " offers a window of 0 chunks");
+  } else if (Status s = conn_->attach_data_path(w.data_path()); !s.is_ok()) {
+    bad = s.with_context(who);
+  }
+  if (!bad.is_ok()) {
+    settle(bad);
+    return conn_->close(bad);
+  }
+  window = w.window_chunks();
+  settle(Status::ok());
+}
+
+void ShardLink::settle(const Status& s) {
+  if (settled_) return;
+  settled_ = true;
+  welcomed_.set_value(s);
+}
+
+void ShardLink::on_data(const FrameHeader& h, std::span<std::byte>) {
+  auto it = client_.ops.find(h.op);
+  TALLY_CHECK(it != client_.ops.end());  // a posted receive outlives its op's I/O
+  std::shared_ptr<Op> op = it->second;
+  if (op->failed) {
+    TALLY_CHECK(op->receiving_on[shard_] > 0);
+    op->receiving_on[shard_]--;
+    return client_.maybe_finish(op);
+  }
+  const ChunkExtent extent = op->plan->chunk(h.chunk);
+  if (h.count != op->count || h.dtype != op->dtype || h.offset != extent.offset ||
+      op->got[h.chunk]) {
+    client_.fail_op(op,
+                    Status(ErrorCode::kProtocol, "reducer " + address_.to_string() +
+                                                     " sent a result that does not match op " +
+                                                     std::to_string(op->id) + ": " + describe(h)));
+    return;
+  }
+  op->got[h.chunk] = 1;
+  op->results++;
+  op->unanswered[shard_]--;
+  inflight--;
+  client_.pump(*this);
+  client_.maybe_finish(op);
+}
+
+}  // namespace tally

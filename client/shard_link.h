@@ -1,0 +1,74 @@
+// Private to libtally: the stream to one reducer of the client's group
+// (its handshake, the results it delivers into the caller's buffers, its
+// loss). Lives on the client's I/O thread.
+#pragma once
+
+#include <boost/asio/ip/tcp.hpp>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <future>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "client_impl.h"
+#include "tally/protocol/address.h"
+#include "tally/protocol/transport.h"
+
+namespace tally {
+
+namespace wire {
+class Welcome;
+}
+
+// The stream to one reducer.
+class ShardLink final : public FrameHandler, public std::enable_shared_from_this<ShardLink> {
+ public:
+  ShardLink(Client::Impl& client, uint32_t shard, HostPort address)
+      : client_(client), shard_(shard), address_(std::move(address)) {}
+
+  // Connects, says hello, resolves `welcomed` (I/O thread).
+  void connect(std::chrono::steady_clock::time_point deadline);
+
+  std::future<Status> welcomed() { return welcomed_.get_future(); }
+  void close(const Status& why);
+
+  // Says goodbye, then closes once that is written (or at once if the
+  // stream is stuck: close() drops what is queued).
+  void leave(const std::string& reason, std::function<void()> done);
+
+  // FrameHandler
+  PayloadAction on_data_header(const FrameHeader& h) override;
+  void on_data(const FrameHeader& h, std::span<std::byte>) override;
+  void on_control(const wire::Control& message) override;
+  void on_closed(const Status& status) override;
+
+  Connection* conn() { return conn_.get(); }
+  bool closed() const { return closed_; }
+  uint32_t shard() const { return shard_; }
+
+  uint32_t window = 1;
+  uint32_t inflight = 0;
+  std::deque<std::pair<std::shared_ptr<Op>, uint32_t>> queue;
+
+ private:
+  void on_connected(Result<boost::asio::ip::tcp::socket> r, std::chrono::steady_clock::time_point deadline);
+  void on_welcome(const wire::Welcome& w);
+  void settle(const Status& s);
+
+  Client::Impl& client_;
+  const uint32_t shard_;
+  const HostPort address_;
+  std::shared_ptr<Connection> conn_;
+  std::promise<Status> welcomed_;
+  bool settled_ = false;
+  bool closed_ = false;
+  bool closing_ = false;  // the client is going away: open nothing new
+  std::optional<Status> fatal_;
+  std::string last_error_;
+};
+
+}  // namespace tally
