@@ -16,7 +16,6 @@
 #include <thread>
 
 #include "reducer_traffic.h"
-#include "worker.h"
 #include "tally/bench/local_pool.h"
 #include "tally/bench/metrics_scrape.h"
 #include "tally/bench/pattern.h"
@@ -27,7 +26,7 @@
 #include "tally/protocol/pool.h"
 #include "tally/protocol/pool_pattern.h"
 #include "tally/reducer/butterfly.h"
-
+#include "worker.h"
 
 namespace tally::bench {
 namespace {

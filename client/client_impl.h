@@ -2,10 +2,10 @@
 // to the reducers, the ops in flight) shared by client.cc and shard_link.cc.
 #pragma once
 
+#include <atomic>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
-#include <atomic>
 #include <chrono>
 #include <map>
 #include <memory>
@@ -59,7 +59,6 @@ struct Op {
   // Where the caller learns the end (shared by the ops of a fused call).
   std::shared_ptr<OpHandle::State> handle;
 };
-
 
 }  // namespace client_internal
 

@@ -18,8 +18,8 @@ void ShardLink::connect(Clock::time_point deadline) {
   const auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
   if (left <= milliseconds(0)) {
     return settle(
-        Status(ErrorCode::kTimeout, "could not reach reducer " + address_.to_string() +
-                                        " (shard " + std::to_string(shard_) + ") within " +
+        Status(ErrorCode::kTimeout, "could not reach reducer " + address_.to_string() + " (shard " +
+                                        std::to_string(shard_) + ") within " +
                                         std::to_string(client_.options.connect_timeout.count()) +
                                         " ms" + (last_error_.empty() ? "" : ": " + last_error_)));
   }
@@ -52,8 +52,8 @@ PayloadAction ShardLink::on_data_header(const FrameHeader& h) {
     auto it = client_.ops.find(h.op);
     if (it == client_.ops.end() || it->second->failed) return PayloadAction::discard();
   }
-  return PayloadAction::close(Status(
-      ErrorCode::kProtocol, "unexpected " + describe(h) + " from reducer " + conn_->peer()));
+  return PayloadAction::close(
+      Status(ErrorCode::kProtocol, "unexpected " + describe(h) + " from reducer " + conn_->peer()));
 }
 
 void ShardLink::on_control(const wire::Control& message) {
@@ -61,9 +61,9 @@ void ShardLink::on_control(const wire::Control& message) {
   if (message.has_error()) {
     Status status = status_from_error(message.error());
     if (message.error().has_op()) {
-      return client_.on_op_error(message.error().op(),
-                                 status.with_context("reducer " + address_.to_string() +
-                                                     " (shard " + std::to_string(shard_) + ")"));
+      return client_.on_op_error(
+          message.error().op(), status.with_context("reducer " + address_.to_string() + " (shard " +
+                                                    std::to_string(shard_) + ")"));
     }
     fatal_ = status;  // the reducer closes the stream next
     if (!settled_) settle(status.with_context("reducer " + address_.to_string()));
@@ -88,8 +88,8 @@ void ShardLink::on_connected(Result<asio::ip::tcp::socket> r, Clock::time_point 
     last_error_ = r.status().message();
     if (r.status().code() == ErrorCode::kUnavailable && Clock::now() + kConnectRetry < deadline) {
       auto timer = std::make_shared<asio::steady_timer>(client_.io, kConnectRetry);
-      timer->async_wait([self = shared_from_this(), timer, deadline](
-                            const boost::system::error_code&) { self->connect(deadline); });
+      timer->async_wait([self = shared_from_this(), timer,
+                         deadline](const boost::system::error_code&) { self->connect(deadline); });
       return;
     }
     return settle(r.status().with_context("shard " + std::to_string(shard_)));
@@ -130,12 +130,11 @@ void ShardLink::on_welcome(const wire::Welcome& w) {
       group_count != client_.options.groups || w.group() != client_.group) {
     bad = Status(
         ErrorCode::kInvalidArgument,
-        who + " is shard " + std::to_string(w.shard()) + " of " +
-            std::to_string(w.shard_count()) + " in group " + std::to_string(w.group()) + " of " +
-            std::to_string(group_count) + ", but TALLY_POOL lists it as shard " +
-            std::to_string(shard_) + " of " + std::to_string(client_.links.size()) +
-            " in group " + std::to_string(client_.group) + " of " +
-            std::to_string(client_.options.groups) +
+        who + " is shard " + std::to_string(w.shard()) + " of " + std::to_string(w.shard_count()) +
+            " in group " + std::to_string(w.group()) + " of " + std::to_string(group_count) +
+            ", but TALLY_POOL lists it as shard " + std::to_string(shard_) + " of " +
+            std::to_string(client_.links.size()) + " in group " + std::to_string(client_.group) +
+            " of " + std::to_string(client_.options.groups) +
             " (the pool must list every reducer in shard order, group after group, i.e. in "
             "(group, shard) order, and TALLY_GROUPS must match the pool)");
   } else if (client_.options.chunk_bytes > w.max_chunk_bytes()) {

@@ -55,7 +55,8 @@ class ShardLink final : public FrameHandler, public std::enable_shared_from_this
   std::deque<std::pair<std::shared_ptr<Op>, uint32_t>> queue;
 
  private:
-  void on_connected(Result<boost::asio::ip::tcp::socket> r, std::chrono::steady_clock::time_point deadline);
+  void on_connected(Result<boost::asio::ip::tcp::socket> r,
+                    std::chrono::steady_clock::time_point deadline);
   void on_welcome(const wire::Welcome& w);
   void settle(const Status& s);
 

@@ -79,8 +79,9 @@ run_tests() {
   ctest --test-dir "$dir" --output-on-failure --no-tests=error -j"$(nproc)" "$@"
 }
 
-# The C++ files git tracks (generated code is never tracked).
-cxx_files() { git ls-files -z '*.cc' '*.h'; }
+# The C++ files of the tree: tracked, or new and not ignored (generated code
+# lives in build directories, which git ignores).
+cxx_files() { git ls-files -z --cached --others --exclude-standard '*.cc' '*.h'; }
 
 cmd=${1:-}
 [ $# -gt 0 ] && shift
