@@ -23,4 +23,9 @@ ChunkExtent ChunkPlan::chunk(uint64_t index) const {
   return e;
 }
 
+uint64_t ChunkPlan::chunks_on_shard(uint32_t shard) const {
+  TALLY_CHECK(shard < shards_);
+  return count_ > shard ? (count_ - 1 - shard) / shards_ + 1 : 0;
+}
+
 }  // namespace tally

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "tally.pb.h"
+#include "tally/protocol/chunking.h"
 #include "tally/protocol/control.h"
 #include "tally/protocol/groups.h"
 #include "tally/reducer/kernels.h"
@@ -32,17 +33,15 @@ std::string sizes_string(const std::vector<uint32_t>& sizes) {
   return "[" + ranks_string(sizes) + "]";
 }
 
-// How many chunks of the op that `h` belongs to land on `shard`: the client
-// cuts the tensor into chunks of one size c and sends chunk k to shard
-// k mod shards (chunking.h). c is offset / index for any chunk but the
-// first, and the first chunk's length otherwise (the whole tensor when it
-// is the only chunk).
+// How many chunks of the op that `h` belongs to land on `shard`, by the
+// plan every rank cut it with (chunking.h): its chunk size is offset / index
+// for any chunk but the first, and the first chunk's length otherwise (the
+// whole tensor when it is the only chunk). At least 1: `h` itself is one.
 uint64_t chunks_on_shard(const FrameHeader& h, uint32_t shard, uint32_t shards) {
-  const uint64_t total = h.count * dtype_size(h.dtype);
-  const uint64_t c = h.chunk > 0 ? h.offset / h.chunk : h.length;
-  if (c == 0 || shards == 0) return 1;
-  const uint64_t k = (total + c - 1) / c;
-  return k > shard ? (k - 1 - shard) / shards + 1 : 1;
+  const uint64_t chunk_bytes = h.chunk > 0 ? h.offset / h.chunk : h.length;
+  if (chunk_bytes == 0 || shards == 0 || shard >= shards) return 1;
+  const ChunkPlan plan(h.count * dtype_size(h.dtype), dtype_size(h.dtype), chunk_bytes, shards);
+  return std::max<uint64_t>(plan.chunks_on_shard(shard), 1);
 }
 
 }  // namespace

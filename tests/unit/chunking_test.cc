@@ -98,6 +98,9 @@ TEST_P(ChunkPlanTest, ChunksTileTheTensorRoundRobinOverShards) {
     ++per_shard[e.shard];
   }
   EXPECT_EQ(next, c.nbytes) << "chunks do not end at the tensor's end";
+  for (uint32_t s = 0; s < c.shards; ++s) {
+    EXPECT_EQ(plan.chunks_on_shard(s), per_shard[s]) << "shard " << s;
+  }
 
   // Round robin keeps every shard within one chunk of the others.
   if (plan.chunk_count() > 0) {

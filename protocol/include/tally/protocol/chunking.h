@@ -31,6 +31,8 @@ class ChunkPlan {
   uint64_t chunk_count() const { return count_; }
   // Requires index < chunk_count().
   ChunkExtent chunk(uint64_t index) const;
+  // How many chunks go to `shard` (requires shard < shards()).
+  uint64_t chunks_on_shard(uint32_t shard) const;
 
  private:
   uint64_t nbytes_;
