@@ -30,9 +30,9 @@ bool contains(const std::string& s, const std::string& what) {
   return s.find(what) != std::string::npos;
 }
 
-// Polls `pred` every 10 ms for up to 3 s.
+// Polls `pred` every 10 ms for up to 20 s (a loaded CI machine is slow).
 bool eventually_ok(const std::function<bool()>& pred) {
-  const auto deadline = std::chrono::steady_clock::now() + 3s;
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
   while (!pred()) {
     if (std::chrono::steady_clock::now() > deadline) return false;
     std::this_thread::sleep_for(10ms);
@@ -223,7 +223,9 @@ TEST(HttpServer, OversizedRequestIsRefused) {
 TEST(HttpServer, ConnectionsBeyondTheLimitAreClosedAtOnce) {
   HttpServerOptions o;
   o.max_connections = 2;
-  o.deadline = 3000ms;
+  // Far beyond the probe's wait: a close seen by the probe is the
+  // rejection, never the deadline (no wall-clock bound on a loaded machine).
+  o.deadline = 60000ms;
   Server s(o);
   ASSERT_TRUE(s.server);
   auto hp = parse_host_port(s.address);
@@ -233,28 +235,27 @@ TEST(HttpServer, ConnectionsBeyondTheLimitAreClosedAtOnce) {
     idle.emplace_back(io);
     idle.back().connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), hp->port));
   }
-  std::this_thread::sleep_for(100ms);  // both accepted and counted
+  // The server accepts in arrival order, so the probe is the third.
   bool closed = false;
-  const auto t0 = std::chrono::steady_clock::now();
-  raw_exchange(s.address, "", 2s, &closed);
+  raw_exchange(s.address, "", 20s, &closed);
   EXPECT_TRUE(closed);
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s);
   EXPECT_GE(s.rejected.load(), 1);
   idle.clear();  // the slots free up again
   EXPECT_TRUE(eventually_ok([&] { return bench::http_get(s.address, "/hello", 1s).is_ok(); }));
 }
 
 TEST(HttpServer, StopsPromptlyWithOpenConnections) {
-  Server s;
+  HttpServerOptions o;
+  o.deadline = 60000ms;  // stop must not wait for an idle connection's deadline
+  Server s(o);
   ASSERT_TRUE(s.server);
   auto hp = parse_host_port(s.address);
   asio::io_context io;
   tcp::socket idle(io);
   idle.connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), hp->port));
-  std::this_thread::sleep_for(50ms);
   const auto t0 = std::chrono::steady_clock::now();
   s.server->stop();
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 20s);
 }
 
 }  // namespace
