@@ -6,6 +6,7 @@
 #include <limits>
 #include <string>
 
+#include "tally/protocol/auth.h"
 #include "tally/protocol/pool.h"
 
 namespace tally {
@@ -45,23 +46,13 @@ constexpr uint64_t kU64 = std::numeric_limits<uint64_t>::max();
 }  // namespace
 
 const std::vector<std::string_view>& client_option_names() {
-  static const std::vector<std::string_view> names{"TALLY_POOL",
-                                                   "TALLY_JOB",
-                                                   "TALLY_RANK",
-                                                   "TALLY_WORLD_SIZE",
-                                                   "TALLY_GROUPS",
-                                                   "TALLY_GROUP",
-                                                   "TALLY_GROUP_SIZES",
-                                                   "TALLY_CHUNK_BYTES",
-                                                   "TALLY_OP_TIMEOUT_MS",
-                                                   "TALLY_CONNECT_TIMEOUT_MS",
-                                                   "TALLY_HEARTBEAT_MS",
-                                                   "TALLY_PEER_TIMEOUT_MS",
-                                                   "TALLY_TRANSPORT",
-                                                   "FI_PROVIDER",
-                                                   "TALLY_FABRIC_PROVIDER",
-                                                   "TALLY_FABRIC_FORCE_REGISTRATION",
-                                                   "TALLY_FABRIC_MAX_MSG_BYTES"};
+  static const std::vector<std::string_view> names{
+      "TALLY_POOL", "TALLY_JOB", "TALLY_RANK", "TALLY_WORLD_SIZE", "TALLY_GROUPS", "TALLY_GROUP",
+      "TALLY_GROUP_SIZES", "TALLY_CHUNK_BYTES", "TALLY_OP_TIMEOUT_MS", "TALLY_CONNECT_TIMEOUT_MS",
+      "TALLY_HEARTBEAT_MS", "TALLY_PEER_TIMEOUT_MS", "TALLY_TRANSPORT", "FI_PROVIDER",
+      "TALLY_FABRIC_PROVIDER", "TALLY_FABRIC_FORCE_REGISTRATION", "TALLY_FABRIC_MAX_MSG_BYTES",
+      // The file, when both are set, wins.
+      "TALLY_SECRET", "TALLY_SECRET_FILE"};
   return names;
 }
 
@@ -139,6 +130,22 @@ Status set_client_option(ClientOptions& o, std::string_view name, std::string_vi
   }
   if (name == "TALLY_FABRIC_MAX_MSG_BYTES") {
     return number(kU64, [&](uint64_t v) { o.fabric.max_msg_bytes = v; });
+  }
+  // The secret's value never appears in an error.
+  if (name == "TALLY_SECRET") {
+    if (value.size() < kMinSecretBytes) {
+      return Status(ErrorCode::kInvalidArgument, "TALLY_SECRET is shorter than " +
+                                                     std::to_string(kMinSecretBytes) +
+                                                     " bytes (use e.g. `openssl rand -hex 32`)");
+    }
+    o.secret = Secret(std::string(value));
+    return Status::ok();
+  }
+  if (name == "TALLY_SECRET_FILE") {
+    auto secret = load_secret(std::string(value), nullptr, "job secret");
+    if (!secret) return secret.status().with_context("TALLY_SECRET_FILE");
+    o.secret = std::move(*secret);
+    return Status::ok();
   }
   return Status(ErrorCode::kInvalidArgument, "unknown client option '" + std::string(name) +
                                                  "' (the TALLY_* names of docs/configuration.md)");

@@ -3,6 +3,7 @@
 #include <boost/asio/steady_timer.hpp>
 
 #include "tally.pb.h"
+#include "tally/protocol/auth.h"
 #include "tally/protocol/connection_factory.h"
 #include "tally/protocol/control.h"
 #include "tally/protocol/tcp_transport.h"
@@ -56,8 +57,30 @@ PayloadAction ShardLink::on_data_header(const FrameHeader& h) {
       Status(ErrorCode::kProtocol, "unexpected " + describe(h) + " from reducer " + conn_->peer()));
 }
 
+std::string ShardLink::identity() const {
+  return client_.options.job + '\0' + std::to_string(client_.options.rank) + '/' +
+         std::to_string(client_.options.world_size) + '/' + std::to_string(client_.group);
+}
+
 void ShardLink::on_control(const wire::Control& message) {
   if (message.has_welcome()) return on_welcome(message.welcome());
+  if (message.has_auth_challenge() && !settled_ && reducer_nonce_.empty()) {
+    const std::string& nonce = message.auth_challenge().nonce();
+    if (client_.options.secret.empty() || nonce.size() != kAuthNonceBytes) {
+      Status why(ErrorCode::kUnauthenticated,
+                 "reducer " + address_.to_string() +
+                     " asks this worker to authenticate, but it has no job secret (set "
+                     "TALLY_SECRET_FILE or TALLY_SECRET)");
+      settle(why);
+      return conn_->close(why);
+    }
+    reducer_nonce_ = nonce;
+    wire::Control answer;
+    answer.mutable_auth_response()->set_mac(auth_mac(client_.options.secret, AuthRole::kWorker,
+                                                     reducer_nonce_, worker_nonce_, identity()));
+    conn_->send_control(answer);
+    return;
+  }
   if (message.has_error()) {
     Status status = status_from_error(message.error());
     if (message.error().has_op()) {
@@ -111,6 +134,10 @@ void ShardLink::on_connected(Result<asio::ip::tcp::socket> r, Clock::time_point 
   h->set_group(client_.group);
   for (uint32_t n : client_.group_sizes) h->add_group_sizes(n);
   h->set_groups_explicit(client_.options.group.has_value());
+  if (!client_.options.secret.empty()) {
+    worker_nonce_ = make_nonce();
+    h->set_auth_nonce(worker_nonce_);
+  }
   if (Status s = conn_->describe_data_path(h->mutable_data_path()); !s.is_ok()) {
     Status why = s.with_context("shard " + std::to_string(shard_));
     settle(why);
@@ -145,6 +172,15 @@ void ShardLink::on_welcome(const wire::Welcome& w) {
     bad = Status(ErrorCode::kVersionMismatch,
                  who + " speaks protocol version " + std::to_string(w.protocol_version()) +
                      ", this client speaks " + std::to_string(kProtocolVersion));
+  } else if (!client_.options.secret.empty() &&
+             (reducer_nonce_.empty() ||
+              !auth_mac_matches(w.auth_proof(),
+                                auth_mac(client_.options.secret, AuthRole::kReducer, worker_nonce_,
+                                         reducer_nonce_, identity())))) {
+    bad = Status(ErrorCode::kUnauthenticated,
+                 who +
+                     " did not prove it holds the job secret (is it started with the same "
+                     "--job-secret-file?)");
   } else if (w.window_chunks() == 0) {
     bad = Status(ErrorCode::kProtocol, who + " offers a window of 0 chunks");
   } else if (Status s = conn_->attach_data_path(w.data_path()); !s.is_ok()) {

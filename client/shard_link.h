@@ -69,6 +69,11 @@ class ShardLink final : public FrameHandler, public std::enable_shared_from_this
   bool closed_ = false;
   bool closing_ = false;  // the client is going away: open nothing new
   std::optional<Status> fatal_;
+  // With a job secret: this side's nonce (sent in the Hello) and the
+  // reducer's (from its AuthChallenge), which its Welcome's proof covers.
+  std::string worker_nonce_, reducer_nonce_;
+  // Who this worker says it is, as the MACs cover it (WorkerSession::identity).
+  std::string identity() const;
   std::string last_error_;
 };
 

@@ -12,6 +12,8 @@ PACKAGES=(
   libboost-dev protobuf-compiler libprotobuf-dev libspdlog-dev libfmt-dev libcli11-dev
   libgtest-dev libgmock-dev clang-format
   libfabric-dev libfabric-bin iproute2
+  # HMAC-SHA256 challenge-response for jobs and replica links.
+  libssl-dev
   # The Python module, the DDP hook and their tests: Debian's torch is seen by
   # /usr/bin/python3 only; pip builds the package with setuptools + CMake.
   python3-torch python3-numpy python3-pybind11 pybind11-dev python3-pytest

@@ -19,7 +19,7 @@ wire::Control make_error(const Status& status, std::optional<uint64_t> op,
 Status status_from_error(const wire::Error& error) {
   auto code = static_cast<ErrorCode>(error.code());
   if (code == ErrorCode::kOk ||
-      static_cast<uint32_t>(code) > static_cast<uint32_t>(ErrorCode::kInternal)) {
+      static_cast<uint32_t>(code) > static_cast<uint32_t>(kLastErrorCode)) {
     code = ErrorCode::kInternal;
   }
   return Status(code, error.message());

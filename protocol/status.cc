@@ -30,6 +30,8 @@ std::string_view error_code_name(ErrorCode code) {
       return "unimplemented";
     case ErrorCode::kInternal:
       return "internal";
+    case ErrorCode::kUnauthenticated:
+      return "unauthenticated";
   }
   return "unknown";
 }

@@ -20,12 +20,20 @@ constexpr size_t kOpsTimed = 4096;
 
 namespace {
 
+// Error messages list at most this many ranks, then a count, so that an
+// error about a huge job still fits a control frame and reaches the worker.
+constexpr size_t kRanksListed = 16;
+// Departure reasons quoted in one error.
+constexpr size_t kHistoryQuoted = 4;
+
 std::string ranks_string(const std::vector<uint32_t>& ranks) {
   std::string out;
-  for (size_t i = 0; i < ranks.size(); ++i) {
+  const size_t listed = std::min(ranks.size(), kRanksListed);
+  for (size_t i = 0; i < listed; ++i) {
     if (i > 0) out += ",";
     out += std::to_string(ranks[i]);
   }
+  if (ranks.size() > listed) out += " and " + std::to_string(ranks.size() - listed) + " more";
   return out;
 }
 
@@ -101,6 +109,13 @@ Status Job::check_replica_settings(const wire::ReplicaJob& replica, const std::s
                       sizes_string(settings_.group_sizes) +
                       " (every rank must use the same TALLY_GROUPS and groups)");
   }
+  if (replica.authenticated() != settings_.authenticated) {
+    return Status(ErrorCode::kUnauthenticated,
+                  "job '" + name() + "' is " + (settings_.authenticated ? "" : "not ") +
+                      "authenticated on " + replica_name() + " but " +
+                      (replica.authenticated() ? "" : "not ") + "on " + who +
+                      " (give every rank the same TALLY_SECRET_FILE or TALLY_SECRET)");
+  }
   return Status::ok();
 }
 
@@ -112,6 +127,7 @@ std::shared_ptr<const wire::Control> Job::replica_job_message() const {
   for (uint32_t size : settings_.group_sizes) rj->add_group_sizes(size);
   rj->set_op_timeout_ms(static_cast<uint32_t>(settings_.op_timeout.count()));
   rj->set_groups_explicit(settings_.groups_explicit);
+  rj->set_authenticated(settings_.authenticated);
   return message;
 }
 
@@ -370,12 +386,18 @@ void Job::finish(const std::shared_ptr<Chunk>& chunk) {
 
 std::string Job::history_of(const std::vector<uint32_t>& ranks) const {
   std::string out;
+  size_t quoted = 0, more = 0;
   for (uint32_t r : ranks) {
     auto it = settings_.history.find(r);
-    if (it != settings_.history.end()) {
-      out += " (rank " + std::to_string(r) + " left earlier: " + it->second + ")";
+    if (it == settings_.history.end()) continue;
+    if (quoted == kHistoryQuoted) {
+      ++more;
+      continue;
     }
+    ++quoted;
+    out += " (rank " + std::to_string(r) + " left earlier: " + it->second + ")";
   }
+  if (more > 0) out += " (and " + std::to_string(more) + " more ranks that left earlier)";
   return out;
 }
 
@@ -419,9 +441,12 @@ std::vector<uint32_t> Job::missing_locked(const std::vector<bool>& seen, std::st
 
 size_t Job::sweep(Clock::time_point now) {
   std::lock_guard lock(mu_);
-  std::set<uint32_t> straggling_ranks;  // waited on past half the op timeout
+  // Linear in world size per chunk: ranks are marked, never searched.
+  std::vector<bool> straggler(settings_.world_size, false);  // waited on past half the op timeout
+  size_t straggling_ranks = 0;
   struct Overdue {
     std::vector<uint32_t> ranks;
+    std::vector<bool> marked;  // by rank: in `ranks` already
     std::string note;
     std::optional<uint32_t> replica;  // waiting for this group's partial
   };
@@ -436,12 +461,21 @@ size_t Job::sweep(Clock::time_point now) {
     const Chunk::Waiting waiting = chunk->waiting(participants_);
     const std::optional<uint32_t> replica = waiting.replica;
     if (!waiting.local_done) ranks = missing_locked(waiting.seen, &note);
-    straggling_ranks.insert(ranks.begin(), ranks.end());
+    for (uint32_t r : ranks) {
+      if (r < straggler.size() && !straggler[r]) {
+        straggler[r] = true;
+        ++straggling_ranks;
+      }
+    }
     if (!timed_out && straggler_logged_.count(key.first)) continue;  // logged once per op
     if (timed_out) {
       Overdue& o = overdue[key.first];
+      if (o.marked.empty()) o.marked.resize(settings_.world_size, false);
       for (uint32_t r : ranks) {
-        if (std::find(o.ranks.begin(), o.ranks.end(), r) == o.ranks.end()) o.ranks.push_back(r);
+        if (r < o.marked.size() && !o.marked[r]) {
+          o.marked[r] = true;
+          o.ranks.push_back(r);
+        }
       }
       if (!note.empty()) o.note = note;
       if (replica && !o.replica) o.replica = replica;
@@ -480,7 +514,7 @@ size_t Job::sweep(Clock::time_point now) {
                    " waiting for " + what + history_of(o.ranks)),
         o.ranks);
   }
-  return straggling_ranks.size();
+  return straggling_ranks;
 }
 
 PayloadAction Job::on_partial_header(uint32_t from_group, const FrameHeader& h,

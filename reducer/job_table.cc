@@ -21,7 +21,7 @@ JobTable::JobTable(const ReducerOptions& options, std::shared_ptr<SlabPool> pool
       counters_(counters),
       replicas_(std::move(replicas)) {}
 
-Result<std::shared_ptr<Job>> JobTable::admit(const wire::Hello& hello,
+Result<std::shared_ptr<Job>> JobTable::admit(const wire::Hello& hello, bool authenticated,
                                              const std::shared_ptr<JobMember>& member) {
   if (hello.job().empty() || hello.job().size() > kMaxJobNameBytes) {
     return Status(ErrorCode::kInvalidArgument, "job name must have 1 to 256 bytes");
@@ -73,6 +73,14 @@ Result<std::shared_ptr<Job>> JobTable::admit(const wire::Hello& hello,
   auto it = jobs_.find(hello.job());
   if (it != jobs_.end()) {
     job = it->second;
+    if (job->settings().authenticated != authenticated) {
+      // Only without --require-auth can an unauthenticated stream get here.
+      return Status(ErrorCode::kUnauthenticated,
+                    who + " of job '" + hello.job() + "' " +
+                        (authenticated ? "authenticated, but the job's other ranks did not"
+                                       : "did not authenticate, but the job's other ranks did") +
+                        " (give every rank the same TALLY_SECRET_FILE or TALLY_SECRET)");
+    }
     if (job->settings().world_size != hello.world_size()) {
       return Status(ErrorCode::kMismatch,
                     "rank " + std::to_string(hello.rank()) + " says job '" + hello.job() +
@@ -91,6 +99,7 @@ Result<std::shared_ptr<Job>> JobTable::admit(const wire::Hello& hello,
     settings.op_timeout = timeout;
     settings.group_sizes = sizes;
     settings.groups_explicit = hello.groups_explicit();
+    settings.authenticated = authenticated;
     auto created = create_locked(std::move(settings));
     if (!created) return created.status();
     job = *created;
@@ -157,6 +166,7 @@ Result<std::shared_ptr<Job>> JobTable::admit_replica_job(const wire::ReplicaJob&
   settings.op_timeout = std::chrono::milliseconds(rj.op_timeout_ms());
   settings.group_sizes = sizes;
   settings.groups_explicit = rj.groups_explicit();
+  settings.authenticated = rj.authenticated();
   return create_locked(std::move(settings));
 }
 

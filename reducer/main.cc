@@ -112,6 +112,22 @@ int main(int argc, char** argv) {
       ->envname("TALLY_MAX_WORLD_SIZE")
       ->capture_default_str()
       ->check(CLI::Range(1u, 1u << 24));
+  std::string job_secret_file, pool_secret_file;
+  app.add_option("--job-secret-file", job_secret_file,
+                 "file holding the job secret workers authenticate with (else $TALLY_JOB_SECRET)")
+      ->envname("TALLY_JOB_SECRET_FILE");
+  app.add_option("--pool-secret-file", pool_secret_file,
+                 "file holding the secret replicas authenticate their links with (else "
+                 "$TALLY_POOL_SECRET)")
+      ->envname("TALLY_POOL_SECRET_FILE");
+  app.add_flag("--require-auth", options.require_auth,
+               "refuse workers that do not authenticate with the job secret")
+      ->envname("TALLY_REQUIRE_AUTH");
+  app.add_option("--max-connections", options.max_connections,
+                 "open streams at most; more are closed as they are accepted")
+      ->envname("TALLY_MAX_CONNECTIONS")
+      ->capture_default_str()
+      ->check(CLI::Range(size_t{1}, size_t{1} << 20));
   app.add_option("--heartbeat-ms", heartbeat_ms, "heartbeat interval on idle streams")
       ->envname("TALLY_HEARTBEAT_MS")
       ->capture_default_str()
@@ -180,6 +196,29 @@ int main(int argc, char** argv) {
   options.connection.heartbeat_interval = std::chrono::milliseconds(heartbeat_ms);
   options.connection.peer_timeout = std::chrono::milliseconds(peer_timeout_ms);
   options.hello_timeout = std::chrono::milliseconds(hello_timeout_ms);
+  auto job_secret = tally::load_secret(job_secret_file, "TALLY_JOB_SECRET", "job secret");
+  auto pool_secret = tally::load_secret(pool_secret_file, "TALLY_POOL_SECRET", "pool secret");
+  for (auto* secret : {&job_secret, &pool_secret}) {
+    if (!*secret) {
+      spdlog::error("{}", secret->status().to_string());
+      return 2;
+    }
+  }
+  options.job_secret = std::move(*job_secret);
+  options.pool_secret = std::move(*pool_secret);
+  // The variables are read: do not leave them to children or /proc readers.
+  unsetenv("TALLY_JOB_SECRET");
+  unsetenv("TALLY_POOL_SECRET");
+  if (options.require_auth && options.job_secret.empty()) {
+    spdlog::error("--require-auth needs the job secret (--job-secret-file or TALLY_JOB_SECRET)");
+    return 2;
+  }
+  if (!options.require_auth) {
+    spdlog::warn(
+        "authentication is not required (--require-auth is off): anyone who reaches {} can join "
+        "a job whose workers hold no secret",
+        listen);
+  }
 
   // Signals are taken synchronously by this thread; the I/O threads inherit
   // the mask and never see them.

@@ -164,6 +164,9 @@ struct Reducer::Impl : std::enable_shared_from_this<Reducer::Impl> {
 
   std::mutex mu;  // the streams; taken on accept, close and stop only
   std::unordered_set<std::shared_ptr<InboundStream>> streams;
+  // Connections refused at the --max-connections limit, logged once per 10 s.
+  uint64_t refused_unlogged = 0;
+  std::chrono::steady_clock::time_point last_refusal_logged{};
   bool stopping = false;
 
   void on_accept(asio::ip::tcp::socket socket);
@@ -175,6 +178,22 @@ struct Reducer::Impl : std::enable_shared_from_this<Reducer::Impl> {
 };
 
 void Reducer::Impl::on_accept(asio::ip::tcp::socket socket) {
+  {
+    std::lock_guard lock(mu);
+    if (streams.size() >= options.max_connections) {
+      boost::system::error_code ignored;
+      socket.close(ignored);
+      const auto now = std::chrono::steady_clock::now();
+      ++refused_unlogged;
+      if (now - last_refusal_logged >= std::chrono::seconds(10)) {
+        spdlog::warn("refused {} connection(s): {} streams open, the --max-connections limit",
+                     refused_unlogged, streams.size());
+        refused_unlogged = 0;
+        last_refusal_logged = now;
+      }
+      return;
+    }
+  }
   auto conn = make_connection(fabric, std::move(socket), options.connection);
   std::weak_ptr<Impl> weak = shared_from_this();
   auto stream = std::make_shared<InboundStream>(

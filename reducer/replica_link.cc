@@ -5,9 +5,11 @@
 #include <boost/asio/post.hpp>
 
 #include "tally.pb.h"
+#include "tally/protocol/auth.h"
 #include "tally/protocol/connection_factory.h"
 #include "tally/protocol/control.h"
 #include "tally/protocol/fabric_transport.h"
+#include "tally/reducer/replica_mesh.h"
 #include "tally/reducer/replicas.h"
 
 namespace tally {
@@ -78,6 +80,17 @@ void ReplicaLink::on_control(const wire::Control& message) {
     fatal_ = status_from_error(message.error());
     return;
   }
+  if (message.has_auth_challenge() && !up_ && !dialler_nonce_.empty() && acceptor_nonce_.empty() &&
+      message.auth_challenge().nonce().size() == kAuthNonceBytes) {
+    acceptor_nonce_ = message.auth_challenge().nonce();
+    wire::Control answer;
+    answer.mutable_auth_response()->set_mac(
+        auth_mac(options_.pool_secret, AuthRole::kReplicaDialler, acceptor_nonce_, dialler_nonce_,
+                 replica_identity(options_.shard, options_.shard_count, options_.group, group_,
+                                  options_.group_count)));
+    conn_->send_control(answer);
+    return;
+  }
   if (message.has_replica_welcome() && !up_) return on_welcome(message.replica_welcome());
   conn_->close(
       Status(ErrorCode::kProtocol, "unexpected control message from " + owner_->describe(group_)));
@@ -138,6 +151,12 @@ void ReplicaLink::on_connected(Result<asio::ip::tcp::socket> r) {
   h->set_shard_count(options_.shard_count);
   h->set_group(options_.group);
   h->set_group_count(options_.group_count);
+  dialler_nonce_.clear();
+  acceptor_nonce_.clear();
+  if (!options_.pool_secret.empty()) {
+    dialler_nonce_ = make_nonce();
+    h->set_auth_nonce(dialler_nonce_);
+  }
   if (Status s = conn_->describe_data_path(h->mutable_data_path()); !s.is_ok()) {
     // on_closed redials
     return conn_->close(s.with_context("data path for " + owner_->describe(group_)));
@@ -156,6 +175,19 @@ void ReplicaLink::on_connected(Result<asio::ip::tcp::socket> r) {
 
 void ReplicaLink::on_welcome(const wire::ReplicaWelcome& welcome) {
   welcome_timer_.cancel();
+  if (!options_.pool_secret.empty() &&
+      (acceptor_nonce_.empty() ||
+       !auth_mac_matches(
+           welcome.auth_proof(),
+           auth_mac(options_.pool_secret, AuthRole::kReplicaAcceptor, dialler_nonce_,
+                    acceptor_nonce_,
+                    replica_identity(options_.shard, options_.shard_count, options_.group, group_,
+                                     options_.group_count))))) {
+    // on_closed redials
+    return conn_->close(Status(
+        ErrorCode::kUnauthenticated,
+        owner_->describe(group_) + " did not prove it holds the pool secret (--pool-secret-file)"));
+  }
   if (Status s = conn_->attach_data_path(welcome.data_path()); !s.is_ok()) {
     // on_closed redials
     return conn_->close(s.with_context("data path of " + owner_->describe(group_)));

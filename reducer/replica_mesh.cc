@@ -5,6 +5,13 @@
 
 namespace tally {
 
+std::string replica_identity(uint32_t shard, uint32_t shard_count, uint32_t from_group,
+                             uint32_t to_group, uint32_t group_count) {
+  return "shard " + std::to_string(shard) + "/" + std::to_string(shard_count) + " group " +
+         std::to_string(from_group) + "->" + std::to_string(to_group) + "/" +
+         std::to_string(group_count);
+}
+
 std::string replica_name(uint32_t shard, uint32_t group) {
   return "replica (shard " + std::to_string(shard) + ", group " + std::to_string(group) + ")";
 }

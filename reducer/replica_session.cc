@@ -5,8 +5,10 @@
 #include <boost/asio/post.hpp>
 
 #include "tally.pb.h"
+#include "tally/protocol/auth.h"
 #include "tally/protocol/control.h"
 #include "tally/reducer/job_table.h"
+#include "tally/reducer/replica_mesh.h"
 #include "tally/reducer/replicas.h"
 
 namespace tally {
@@ -41,6 +43,58 @@ void ReplicaSession::on_hello(const wire::ReplicaHello& hello) {
                    std::to_string(o.shard_count) + ", group " + std::to_string(o.group) + " of " +
                    std::to_string(o.group_count)));
   }
+  if (group_ || pending_hello_) {
+    return reject_stream(conn_, Status(ErrorCode::kProtocol, "second hello from " + peer_));
+  }
+  if (o.pool_secret.empty() != hello.auth_nonce().empty()) {
+    return reject_stream(
+        conn_, Status(ErrorCode::kUnauthenticated,
+                      "replica at " + peer_ +
+                          (o.pool_secret.empty() ? " authenticates" : " does not authenticate") +
+                          " with a pool secret, but this reducer " +
+                          (o.pool_secret.empty() ? "has none" : "requires it") +
+                          " (start every reducer of the pool with the same --pool-secret-file)"));
+  }
+  if (!o.pool_secret.empty()) {
+    if (hello.auth_nonce().size() != kAuthNonceBytes) {
+      return reject_stream(
+          conn_, Status(ErrorCode::kProtocol, "malformed authentication nonce from " + peer_));
+    }
+    pending_hello_ = std::make_unique<wire::ReplicaHello>(hello);
+    dialler_nonce_ = hello.auth_nonce();
+    std::weak_ptr<ReplicaSession> weak = shared_from_this();
+    acceptor_nonce_ = challenge(conn_, *context_, auth_timer_, [weak] {
+      auto self = weak.lock();
+      return !self || !self->pending_hello_;
+    });
+    return;
+  }
+  accept(hello);
+}
+
+void ReplicaSession::on_auth_response(const wire::AuthResponse& response) {
+  if (!pending_hello_) {
+    return reject_stream(
+        conn_, Status(ErrorCode::kProtocol, "authentication answer from " + peer_ + " unasked"));
+  }
+  std::unique_ptr<wire::ReplicaHello> hello = std::move(pending_hello_);
+  auth_timer_->cancel();
+  const ReducerOptions& o = context_->options;
+  const std::string expected =
+      auth_mac(o.pool_secret, AuthRole::kReplicaDialler, acceptor_nonce_, dialler_nonce_,
+               replica_identity(o.shard, o.shard_count, hello->group(), o.group, o.group_count));
+  if (!auth_mac_matches(response.mac(), expected)) {
+    return reject_stream(
+        conn_, Status(ErrorCode::kUnauthenticated,
+                      "authentication failed for the replica of group " +
+                          std::to_string(hello->group()) + " at " + peer_ +
+                          ": its pool secret is not this reducer's (--pool-secret-file)"));
+  }
+  accept(*hello);
+}
+
+void ReplicaSession::accept(const wire::ReplicaHello& hello) {
+  const ReducerOptions& o = context_->options;
   if (Status s = conn_->attach_data_path(hello.data_path()); !s.is_ok()) {
     return reject_stream(conn_, s.with_context("data path of replica group " +
                                                std::to_string(hello.group()) + " at " + peer_));
@@ -50,6 +104,11 @@ void ReplicaSession::on_hello(const wire::ReplicaHello& hello) {
       !s.is_ok()) {
     return reject_stream(
         conn_, s.with_context("data path for replica group " + std::to_string(hello.group())));
+  }
+  if (!o.pool_secret.empty()) {
+    welcome.mutable_replica_welcome()->set_auth_proof(
+        auth_mac(o.pool_secret, AuthRole::kReplicaAcceptor, dialler_nonce_, acceptor_nonce_,
+                 replica_identity(o.shard, o.shard_count, hello.group(), o.group, o.group_count)));
   }
   conn_->send_control(welcome);
   group_ = hello.group();
@@ -62,6 +121,7 @@ void ReplicaSession::on_hello(const wire::ReplicaHello& hello) {
 void ReplicaSession::on_control(const wire::Control& message) {
   if (!group_) {
     if (message.has_replica_hello()) return on_hello(message.replica_hello());
+    if (message.has_auth_response()) return on_auth_response(message.auth_response());
   } else if (message.has_replica_job()) {
     const wire::ReplicaJob& rj = message.replica_job();
     auto job = context_->jobs->admit_replica_job(rj, *group_);
@@ -129,6 +189,7 @@ void ReplicaSession::on_data(const FrameHeader& h, std::span<std::byte>) {
 }
 
 void ReplicaSession::on_closed(const Status& why) {
+  if (auth_timer_) auth_timer_->cancel();
   partial_ = {};
   jobs_.clear();
   partial_job_.reset();

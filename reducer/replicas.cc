@@ -113,7 +113,11 @@ std::vector<std::shared_ptr<const wire::Control>> Replicas::announcements(uint32
 void Replicas::stream_up(uint32_t group, StreamDirection direction) {
   std::lock_guard lock(mu_);
   Replica& r = replicas_.at(group);
-  (direction == StreamDirection::kOutbound ? r.out_up : r.in_up) = true;
+  if (direction == StreamDirection::kOutbound) {
+    r.out_up = true;
+  } else {
+    ++r.in_up;
+  }
   if (r.out_up && r.in_up) r.lost.reset();
   count_links_locked();
 }
@@ -129,9 +133,13 @@ void Replicas::stream_down(uint32_t group, StreamDirection direction, const Stat
   {
     std::lock_guard lock(mu_);
     Replica& r = replicas_.at(group);
-    (direction == StreamDirection::kOutbound ? r.out_up : r.in_up) = false;
+    if (direction == StreamDirection::kOutbound) {
+      r.out_up = false;
+    } else if (r.in_up > 0) {
+      --r.in_up;
+    }
     count_links_locked();
-    if (!r.lost) {
+    if (!r.lost && !(r.out_up && r.in_up)) {
       std::string who = replica_name(options_.shard, group);
       if (!r.address.empty()) who += " at " + r.address;
       r.lost = Status(ErrorCode::kPeerLost, who + " lost: " + why.message());

@@ -2,9 +2,11 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <boost/asio/post.hpp>
 
 #include "tally.pb.h"
+#include "tally/protocol/auth.h"
 #include "tally/protocol/control.h"
 #include "tally/reducer/job_table.h"
 
@@ -29,6 +31,15 @@ void WorkerSession::send_result(const FrameHeader& header, std::shared_ptr<Slab>
 void WorkerSession::send_control(std::shared_ptr<const wire::Control> message) {
   if (context_->stopped) return;
   asio::post(conn_->executor(), [self = shared_from_this(), message = std::move(message)] {
+    if (message->has_error() && message->error().has_op()) {
+      // One Error per failed op per stream: a peer streaming contributions
+      // to a failed op (and not reading) must not grow our send queue.
+      auto& sent = self->op_errors_sent_;
+      const uint64_t op = message->error().op();
+      if (std::find(sent.begin(), sent.end(), op) != sent.end()) return;
+      sent.push_back(op);
+      if (sent.size() > kOpErrorsRemembered) sent.pop_front();
+    }
     self->conn_->send_control(*message);
   });
 }
@@ -77,6 +88,7 @@ void WorkerSession::on_data(const FrameHeader& h, std::span<std::byte>) {
 
 void WorkerSession::on_control(const wire::Control& message) {
   if (message.has_hello()) return on_hello(message.hello());
+  if (message.has_auth_response()) return on_auth_response(message.auth_response());
   if (message.has_goodbye()) {
     said_goodbye_ = true;
     goodbye_reason_ = message.goodbye().reason().substr(0, kMaxReasonBytes);
@@ -92,6 +104,7 @@ void WorkerSession::on_control(const wire::Control& message) {
 
 void WorkerSession::on_closed(const Status& why) {
   pending_.reset();
+  if (auth_timer_) auth_timer_->cancel();
   if (job_) {
     if (why.code() == ErrorCode::kCancelled || said_goodbye_) {
       spdlog::info("stream of job '{}' rank {} ({}) closed: {}", job_->name(), rank_, peer_,
@@ -108,8 +121,15 @@ void WorkerSession::on_closed(const Status& why) {
   }
 }
 
+std::string WorkerSession::identity(const wire::Hello& hello) {
+  return hello.job() + '\0' + std::to_string(hello.rank()) + '/' +
+         std::to_string(hello.world_size()) + '/' + std::to_string(hello.group());
+}
+
 void WorkerSession::on_hello(const wire::Hello& hello) {
-  if (job_) return reject_stream(conn_, Status(ErrorCode::kProtocol, "second hello from " + peer_));
+  if (job_ || pending_hello_) {
+    return reject_stream(conn_, Status(ErrorCode::kProtocol, "second hello from " + peer_));
+  }
   if (hello.protocol_version() != kProtocolVersion) {
     return reject_stream(
         conn_, Status(ErrorCode::kVersionMismatch,
@@ -117,10 +137,65 @@ void WorkerSession::on_hello(const wire::Hello& hello) {
                           ", this reducer speaks " + std::to_string(kProtocolVersion)));
   }
   rank_ = hello.rank();
+  const ReducerOptions& o = context_->options;
+  // Nothing about any job is looked at (or told) before the worker
+  // authenticates: a stranger learns nothing and holds no job slot.
+  if (!hello.auth_nonce().empty()) {
+    if (o.job_secret.empty()) {
+      return reject_stream(
+          conn_, Status(ErrorCode::kUnauthenticated,
+                        "worker " + peer_ +
+                            " asks to authenticate with a job secret, but this reducer has none "
+                            "(start it with --job-secret-file, or unset the workers' "
+                            "TALLY_SECRET_FILE/TALLY_SECRET)"));
+    }
+    if (hello.auth_nonce().size() != kAuthNonceBytes) {
+      return reject_stream(
+          conn_, Status(ErrorCode::kProtocol, "malformed authentication nonce from " + peer_));
+    }
+    pending_hello_ = std::make_unique<wire::Hello>(hello);
+    worker_nonce_ = hello.auth_nonce();
+    std::weak_ptr<WorkerSession> weak = shared_from_this();
+    reducer_nonce_ = challenge(conn_, *context_, auth_timer_, [weak] {
+      auto self = weak.lock();
+      return !self || !self->pending_hello_;
+    });
+    return;
+  }
+  if (o.require_auth) {
+    return reject_stream(conn_,
+                         Status(ErrorCode::kUnauthenticated,
+                                "this reducer serves authenticated jobs only: give the "
+                                "workers the job secret (TALLY_SECRET_FILE or TALLY_SECRET)"));
+  }
+  admit(hello, false);
+}
+
+void WorkerSession::on_auth_response(const wire::AuthResponse& response) {
+  if (!pending_hello_) {
+    return reject_stream(
+        conn_, Status(ErrorCode::kProtocol, "authentication answer from " + peer_ + " unasked"));
+  }
+  std::unique_ptr<wire::Hello> hello = std::move(pending_hello_);
+  auth_timer_->cancel();
+  const std::string expected = auth_mac(context_->options.job_secret, AuthRole::kWorker,
+                                        reducer_nonce_, worker_nonce_, identity(*hello));
+  if (!auth_mac_matches(response.mac(), expected)) {
+    return reject_stream(
+        conn_, Status(ErrorCode::kUnauthenticated,
+                      "authentication failed for rank " + std::to_string(hello->rank()) +
+                          " of job '" + hello->job().substr(0, 256) + "' from " + peer_ +
+                          ": its job secret is not this reducer's (check TALLY_SECRET_FILE or "
+                          "TALLY_SECRET against the reducer's --job-secret-file)"));
+  }
+  admit(*hello, true);
+}
+
+void WorkerSession::admit(const wire::Hello& hello, bool authenticated) {
   if (Status s = conn_->attach_data_path(hello.data_path()); !s.is_ok()) {
     return reject_stream(conn_, s);
   }
-  auto job = context_->jobs->admit(hello, shared_from_this());
+  auto job = context_->jobs->admit(hello, authenticated, shared_from_this());
   if (!job) return reject_stream(conn_, job.status());
   job_ = *job;
   const ReducerOptions& o = context_->options;
@@ -135,6 +210,10 @@ void WorkerSession::on_hello(const wire::Hello& hello) {
   w->set_group(o.group);
   w->set_group_count(o.group_count);
   TALLY_CHECK(conn_->describe_data_path(w->mutable_data_path()).is_ok());  // attached above
+  if (authenticated) {
+    w->set_auth_proof(
+        auth_mac(o.job_secret, AuthRole::kReducer, worker_nonce_, reducer_nonce_, identity(hello)));
+  }
   conn_->send_control(welcome);
   spdlog::info("rank {}/{} of job '{}' joined from {}", rank_, hello.world_size(), job_->name(),
                peer_);

@@ -9,7 +9,9 @@
 #include <boost/asio/read.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/write.hpp>
+#include <cerrno>
 #include <deque>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
@@ -28,6 +30,9 @@ using Clock = std::chrono::steady_clock;
 constexpr size_t kReadPieceBytes = 1u << 20;
 // Discarded payloads are drained through a scratch buffer of this size.
 constexpr size_t kScratchBytes = 64u << 10;
+// How long a stream whose write failed keeps reading what the peer sent
+// before it (the goodbye that says why the peer left, typically).
+constexpr std::chrono::milliseconds kDrainDeadline{1000};
 
 std::string endpoint_string(const tcp::endpoint& ep) {
   const auto addr = ep.address();
@@ -51,7 +56,10 @@ Status from_asio(const boost::system::error_code& ec, std::string_view what,
 class TcpConnection final : public Connection, public std::enable_shared_from_this<TcpConnection> {
  public:
   TcpConnection(tcp::socket socket, const ConnectionOptions& options)
-      : socket_(std::move(socket)), options_(options), timer_(socket_.get_executor()) {
+      : socket_(std::move(socket)),
+        options_(options),
+        timer_(socket_.get_executor()),
+        drain_timer_(socket_.get_executor()) {
     boost::system::error_code ec;
     auto ep = socket_.remote_endpoint(ec);
     peer_ = ec ? std::string("unknown-peer") : endpoint_string(ep);
@@ -69,8 +77,8 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
   }
 
   void send(const FrameHeader& header, std::span<const std::byte> payload, SendDone done) override {
-    if (closed_) {
-      done(close_reason_);
+    if (closed_ || write_failed_) {
+      done(closed_ ? close_reason_ : *write_failed_);
       return;
     }
     Outgoing out;
@@ -82,8 +90,8 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
   }
 
   void send_control(const wire::Control& message, SendDone done) override {
-    if (closed_) {
-      if (done) done(close_reason_);
+    if (closed_ || write_failed_) {
+      if (done) done(closed_ ? close_reason_ : *write_failed_);
       return;
     }
     Outgoing out;
@@ -125,6 +133,7 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
     socket_.shutdown(tcp::socket::shutdown_both, ec);
     socket_.close(ec);
     timer_.cancel();
+    drain_timer_.cancel();
     posted_.clear();
     reading_posted_ = false;  // after close() nothing is written into any buffer
     // The write in progress (if any) completes with operation_aborted; the
@@ -163,9 +172,30 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
     SendDone done;
   };
 
+  // A read that ends the stream after a write failed reports the write's
+  // failure, the first cause.
   void fail(const Status& status) {
     if (closed_) return;
-    close(status);
+    close(write_failed_ ? *write_failed_ : status);
+  }
+
+  // A write failed (the peer closed or reset): the peer may still have sent
+  // frames we have not read, its goodbye with the reason it left among them.
+  // Stop writing, read on until the stream ends or a short deadline passes,
+  // then report the write's failure. A paused read cannot drain: fail now.
+  void drain_then_fail(const Status& why) {
+    write_failed_ = why;
+    while (!queue_.empty()) {
+      Outgoing out = std::move(queue_.front());
+      queue_.pop_front();
+      if (out.done) out.done(why);
+    }
+    if (paused_) return fail(why);
+    drain_timer_.expires_after(
+        std::min<std::chrono::milliseconds>(kDrainDeadline, options_.peer_timeout));
+    drain_timer_.async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
+      if (!ec) self->fail(*self->write_failed_);
+    });
   }
 
   void read_header() {
@@ -305,11 +335,14 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
     Outgoing out = std::move(queue_.front());
     queue_.pop_front();
     last_tx_ = Clock::now();
-    if (ec || closed_) {
-      Status why = closed_ ? close_reason_ : from_asio(ec, "writing to", peer_);
-      if (out.done) out.done(why);
-      fail(why);
+    if (closed_) {
+      if (out.done) out.done(close_reason_);
       return;
+    }
+    if (ec) {
+      Status why = from_asio(ec, "writing to", peer_);
+      if (out.done) out.done(why);
+      return drain_then_fail(why);
     }
     if (out.done) out.done(Status::ok());
     write_next();
@@ -330,7 +363,7 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
       return fail(Status(ErrorCode::kPeerLost, "no data or heartbeat from " + peer_ + " for " +
                                                    std::to_string(silent.count()) + " ms"));
     }
-    if (!writing_ && now - last_tx_ >= options_.heartbeat_interval) {
+    if (!writing_ && !write_failed_ && now - last_tx_ >= options_.heartbeat_interval) {
       wire::Control hb;
       hb.mutable_heartbeat()->set_sequence(++heartbeat_seq_);
       send_control(hb, nullptr);
@@ -347,6 +380,8 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
 
   bool closed_ = false;
   Status close_reason_;
+  std::optional<Status> write_failed_;  // set by drain_then_fail
+  asio::steady_timer drain_timer_;
   bool paused_ = false;
 
   // Read side: the frame being received.
@@ -429,23 +464,65 @@ void async_tcp_connect(asio::io_context& ctx, const HostPort& address,
 
 struct TcpListener::Impl : std::enable_shared_from_this<TcpListener::Impl> {
   Impl(std::vector<asio::io_context*> ctxs, AcceptFn fn)
-      : contexts(std::move(ctxs)), acceptor(*contexts.front()), on_accept(std::move(fn)) {}
+      : contexts(std::move(ctxs)),
+        acceptor(*contexts.front()),
+        backoff_timer(*contexts.front()),
+        on_accept(std::move(fn)) {}
   std::vector<asio::io_context*> contexts;
   tcp::acceptor acceptor;
+  asio::steady_timer backoff_timer;
   AcceptFn on_accept;
   size_t next = 0;
+  // Out of descriptors or memory: accept again after `backoff` (doubling up
+  // to kMaxAcceptBackoff), not at once, which would spin a core and flood
+  // the log until descriptors free up.
+  std::chrono::milliseconds backoff{0};
+  // Failed accepts since the last warning; one warning per kAcceptWarnEvery.
+  uint64_t failures_unlogged = 0;
+  std::chrono::steady_clock::time_point last_warning{};
+
+  static constexpr std::chrono::milliseconds kMinAcceptBackoff{10};
+  static constexpr std::chrono::milliseconds kMaxAcceptBackoff{1000};
+  static constexpr std::chrono::seconds kAcceptWarnEvery{10};
+
+  static bool resource_exhausted(const boost::system::error_code& ec) {
+    return ec == asio::error::no_descriptors || ec == asio::error::no_buffer_space ||
+           ec == asio::error::no_memory || ec.value() == ENFILE;
+  }
+
+  void warn_rate_limited(const boost::system::error_code& ec) {
+    ++failures_unlogged;
+    const auto now = std::chrono::steady_clock::now();
+    if (last_warning != std::chrono::steady_clock::time_point{} &&
+        now - last_warning < kAcceptWarnEvery) {
+      return;
+    }
+    spdlog::warn("accept failed: {} ({} time(s) since the last warning; retrying in {} ms)",
+                 ec.message(), failures_unlogged, backoff.count());
+    failures_unlogged = 0;
+    last_warning = now;
+  }
 
   void accept() {
     asio::io_context& target = *contexts[next++ % contexts.size()];
     acceptor.async_accept(target, [self = shared_from_this()](const boost::system::error_code& ec,
                                                               tcp::socket socket) {
       if (ec == asio::error::operation_aborted || !self->acceptor.is_open()) return;
-      if (ec) {
-        spdlog::warn("accept failed: {}", ec.message());
-      } else {
+      if (!ec) {
+        self->backoff = std::chrono::milliseconds(0);
         self->on_accept(std::move(socket));
+        return self->accept();
       }
-      self->accept();
+      if (!resource_exhausted(ec)) {
+        self->warn_rate_limited(ec);
+        return self->accept();
+      }
+      self->backoff = std::clamp(self->backoff * 2, kMinAcceptBackoff, kMaxAcceptBackoff);
+      self->warn_rate_limited(ec);
+      self->backoff_timer.expires_after(self->backoff);
+      self->backoff_timer.async_wait([self](const boost::system::error_code& wait_ec) {
+        if (!wait_ec && self->acceptor.is_open()) self->accept();
+      });
     });
   }
 };
@@ -493,6 +570,7 @@ void TcpListener::close() {
   asio::post(impl_->acceptor.get_executor(), [impl = impl_] {
     boost::system::error_code ec;
     impl->acceptor.close(ec);
+    impl->backoff_timer.cancel();
   });
 }
 

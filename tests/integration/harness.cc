@@ -219,10 +219,14 @@ bool contains(const std::string& s, const std::string& what) {
   return s.find(what) != std::string::npos;
 }
 
-void expect_allreduce_works(TestCluster& cluster, uint32_t workers, const std::string& tag) {
-  WorkerGroup group(cluster, tag, unique_job(tag), workers, [](uint32_t) {
-    return Args{"--count", "1009", "--ops", "3"};
-  });
+void expect_allreduce_works(TestCluster& cluster, uint32_t workers, const std::string& tag,
+                            const std::map<std::string, std::string>& env) {
+  WorkerGroup group(
+      cluster, tag, unique_job(tag), workers,
+      [](uint32_t) {
+        return Args{"--count", "1009", "--ops", "3"};
+      },
+      env);
   for (uint32_t r = 0; r < workers; ++r) {
     auto out = group.wait(r, std::chrono::seconds(30));
     EXPECT_EQ(out.exit_code, 0) << tag << " rank " << r << ":\n" << out.out;

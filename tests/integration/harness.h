@@ -188,6 +188,8 @@ std::vector<TrafficRow> traffic_rows(const std::string& bench_output);
 // Runs a normal all-reduce of `workers` ranks (3 ops, multi-chunk) on the
 // cluster's transport and expects every rank to finish with exact results
 // within 30 s.
-void expect_allreduce_works(TestCluster& cluster, uint32_t workers, const std::string& tag);
+// `env` is applied on top of the job's environment (e.g. a job secret).
+void expect_allreduce_works(TestCluster& cluster, uint32_t workers, const std::string& tag,
+                            const std::map<std::string, std::string>& env = {});
 
 }  // namespace tally::testing

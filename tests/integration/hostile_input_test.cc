@@ -4,6 +4,7 @@
 // the reducer serves everyone else. (The same on the fabric data path is in
 // fabric_test.cc.)
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 
 #include <boost/asio/connect.hpp>
 #include <boost/asio/io_context.hpp>
@@ -48,6 +49,26 @@ class RawPeer {
     h.kind = FrameKind::kControl;
     h.length = payload.size();
     send_frame(h, payload);
+  }
+  // Reads until `received` contains `what`, the stream closes or `timeout`
+  // passes; returns whether `what` came.
+  bool received_within(const std::string& what, std::chrono::milliseconds timeout,
+                       std::string* received) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    socket_.non_blocking(true);
+    char buf[4096];
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (received->find(what) != std::string::npos) return true;
+      boost::system::error_code ec;
+      size_t n = socket_.read_some(asio::buffer(buf), ec);
+      if (ec == asio::error::would_block) {
+        std::this_thread::sleep_for(5ms);
+        continue;
+      }
+      if (ec) break;
+      received->append(buf, n);
+    }
+    return received->find(what) != std::string::npos;
   }
   // Reads until the reducer closes the stream or `timeout` passes; returns
   // whether it closed, and what it sent in `received`.
@@ -213,6 +234,101 @@ TEST(Fault, HugeWorldSizeIsRefused) {
   EXPECT_TRUE(contains(received, "exceeds this reducer's maximum")) << received;
   EXPECT_FALSE(cluster.reducer(0).wait_for(0ms).has_value());
   expect_allreduce_works(cluster, 2, "after-huge");
+}
+
+// A stranger's job of world 65536 with a 1 ms op timeout: its timeout error
+// lists the first missing ranks and a count, so it fits a control frame and
+// reaches the worker (it named all 65535 before: 562 KB, over the client's
+// limit), and the sweep over it stays linear, so another job still works.
+TEST(Fault, HugeJobTimeoutErrorIsBoundedAndDeliverable) {
+  TestCluster cluster(PoolSpec{});
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  const std::string job = unique_job("huge-timeout");
+  RawPeer peer(cluster.addresses()[0]);
+  wire::Control h = hello(job, 0, 65536);
+  h.mutable_hello()->set_op_timeout_ms(1);
+  peer.send_control(h);
+  std::string received;
+  FrameHeader c;
+  c.kind = FrameKind::kContribution;
+  c.rank = 0;
+  c.job = job_id(job);
+  c.op = 0;
+  c.count = 2;
+  c.offset = 0;
+  c.chunk = 0;
+  c.length = 8;
+  peer.send_frame(c, std::string(8, '\0'));
+  ASSERT_TRUE(peer.received_within("more", 20s, &received)) << received.size();
+  EXPECT_TRUE(contains(received,
+                       "waiting for ranks [1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16 and "
+                       "65519 more]"))
+      << received.substr(0, 2000);
+  EXPECT_LT(received.size(), kMaxControlBytes);
+  expect_allreduce_works(cluster, 2, "beside-huge");
+}
+
+size_t count_of(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+// Out of descriptors (the reducer runs with 64; 100 sockets wait): the
+// accept loop backs off and warns once per 10 s instead of spinning a core
+// and writing millions of warnings, and serves again once descriptors free.
+TEST(Fault, AcceptBacksOffWhenOutOfDescriptors) {
+  rlimit saved{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &saved), 0);
+  rlimit low = saved;
+  low.rlim_cur = 64;
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &low), 0);  // the reducer inherits it
+  auto cluster = std::make_unique<TestCluster>(PoolSpec{});
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &saved), 0);
+  ASSERT_TRUE(cluster->ok()) << cluster->error();
+  {
+    std::vector<std::unique_ptr<RawPeer>> peers;
+    for (int i = 0; i < 100; ++i) {
+      peers.push_back(std::make_unique<RawPeer>(cluster->addresses()[0]));
+    }
+    ASSERT_TRUE(eventually([&] { return contains(cluster->reducer_log(0), "accept failed"); }, 10s))
+        << cluster->reducer_log(0);
+    // A spinning loop wrote millions of lines in this time; a backing-off
+    // one writes its first warning only.
+    std::this_thread::sleep_for(1s);
+    const std::string log = cluster->reducer_log(0);
+    EXPECT_EQ(count_of(log, "accept failed"), 1u) << log.substr(0, 4000);
+    EXPECT_TRUE(contains(log, "Too many open files")) << log.substr(0, 4000);
+  }
+  expect_allreduce_works(*cluster, 2, "after-emfile");
+}
+
+// At --max-connections open streams, the next one is closed at once, and
+// the slots come back when those streams go.
+TEST(Fault, ConnectionsBeyondTheCapAreClosedAtOnce) {
+  PoolSpec spec;
+  spec.reducer_args.insert(spec.reducer_args.end(), {"--max-connections", "8"});
+  TestCluster cluster(spec);
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  {
+    std::vector<std::unique_ptr<RawPeer>> silent;
+    for (int i = 0; i < 8; ++i) silent.push_back(std::make_unique<RawPeer>(cluster.addresses()[0]));
+    RawPeer extra(cluster.addresses()[0]);  // accepted after the 8, in arrival order
+    std::string received;
+    EXPECT_TRUE(extra.closed_within(5s, &received));
+    EXPECT_TRUE(received.empty()) << received;
+    EXPECT_TRUE(
+        eventually([&] { return contains(cluster.reducer_log(0), "--max-connections"); }, 5s))
+        << cluster.reducer_log(0);
+  }
+  // The reducer frees the slots as it reads the silent streams' ends.
+  EXPECT_TRUE(eventually(
+      [&] {
+        RawPeer probe(cluster.addresses()[0]);
+        return !probe.closed_within(300ms);
+      },
+      10s));
+  expect_allreduce_works(cluster, 2, "after-cap");
 }
 
 }  // namespace

@@ -50,6 +50,7 @@ typedef enum tally_code {
   TALLY_ALREADY_EXISTS = 10,
   TALLY_UNIMPLEMENTED = 11,
   TALLY_INTERNAL = 12,
+  TALLY_UNAUTHENTICATED = 13,
   /* Not an error: the op has not ended yet (tally_op_wait_for, tally_op_test). */
   TALLY_IN_PROGRESS = 100
 } tally_code;

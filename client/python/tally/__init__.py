@@ -30,6 +30,7 @@ from .errors import (  # noqa: F401 - re-exported
     CancelledError,
     Error,
     InternalError,
+    UnauthenticatedError,
     InvalidArgumentError,
     MismatchError,
     PeerLostError,

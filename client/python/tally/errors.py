@@ -91,6 +91,13 @@ class InternalError(Error):
     code, code_name = 12, "internal"
 
 
+class UnauthenticatedError(Error, PermissionError):
+    """A missing or wrong job secret (TALLY_SECRET, TALLY_SECRET_FILE), or a
+    reducer that could not prove it holds it."""
+
+    code, code_name = 13, "unauthenticated"
+
+
 _BY_CODE = {
     cls.code: cls
     for cls in (
@@ -106,6 +113,7 @@ _BY_CODE = {
         AlreadyExistsError,
         UnimplementedError,
         InternalError,
+        UnauthenticatedError,
     )
 }
 

@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "tally/protocol/auth.h"
 #include "tally/protocol/dtype.h"
 #include "tally/protocol/fabric_transport.h"
 #include "tally/protocol/status.h"
@@ -64,6 +65,10 @@ struct ClientOptions {
   // (libfabric tagged messages; control stays on TCP). The pool must serve it.
   std::string transport = "tcp";
   FabricOptions fabric;
+  // The job secret (TALLY_SECRET_FILE, TALLY_SECRET): when set, the worker
+  // authenticates to every reducer with it and requires each reducer to
+  // prove it holds it too. Never logged, never sent.
+  Secret secret;
 };
 
 // Reads TALLY_POOL (comma-separated), TALLY_JOB, TALLY_RANK,
@@ -71,7 +76,8 @@ struct ClientOptions {
 // TALLY_GROUP_SIZES, TALLY_CHUNK_BYTES, TALLY_OP_TIMEOUT_MS,
 // TALLY_CONNECT_TIMEOUT_MS, TALLY_HEARTBEAT_MS, TALLY_PEER_TIMEOUT_MS,
 // TALLY_TRANSPORT, TALLY_FABRIC_PROVIDER (else FI_PROVIDER),
-// TALLY_FABRIC_FORCE_REGISTRATION, TALLY_FABRIC_MAX_MSG_BYTES
+// TALLY_FABRIC_FORCE_REGISTRATION, TALLY_FABRIC_MAX_MSG_BYTES, TALLY_SECRET,
+// TALLY_SECRET_FILE
 // (docs/configuration.md). Errors: kInvalidArgument naming the variable.
 Result<ClientOptions> client_options_from_env();
 // Checks the options; the same checks connect() applies.

@@ -29,7 +29,10 @@ enum class ErrorCode : uint32_t {
   kAlreadyExists = 10,     // duplicate rank in a job
   kUnimplemented = 11,     // a valid request this build cannot serve
   kInternal = 12,          // a bug on the other side
+  kUnauthenticated = 13,   // a missing or wrong secret
 };
+// The last ErrorCode value (tables indexed by code have this many + 1 slots).
+inline constexpr ErrorCode kLastErrorCode = ErrorCode::kUnauthenticated;
 
 std::string_view error_code_name(ErrorCode code);
 

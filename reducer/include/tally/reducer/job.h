@@ -79,6 +79,8 @@ struct JobSettings {
   // Why ranks of an earlier job of the same name left (rank -> reason), to
   // explain a timeout to a worker that joined after they were gone.
   std::map<uint32_t, std::string> history;
+  // Its members proved they hold the job secret; every later one must too.
+  bool authenticated = false;
 };
 
 // What a replica's stream keeps between a partial's header and its payload.
@@ -101,8 +103,8 @@ struct PendingContribution {
 // lock is held for one bucket increment), so counting never takes a lock of
 // the data path; /metrics reads them (reducer/metrics.cc).
 struct ReducerCounters {
-  // ErrorCode values are 0..kInternal (status.h): one slot each.
-  static constexpr size_t kReasons = static_cast<size_t>(ErrorCode::kInternal) + 1;
+  // ErrorCode values are 0..kLastErrorCode (status.h): one slot each.
+  static constexpr size_t kReasons = static_cast<size_t>(kLastErrorCode) + 1;
 
   std::atomic<uint64_t> bytes_received{0};
   std::atomic<uint64_t> bytes_sent{0};

@@ -47,7 +47,7 @@ class JobTable {
   // groups agree) or creates it, and joins `member` to it. Errors:
   // kInvalidArgument (a bad Hello), kMismatch, kResourceExhausted (no
   // memory for another job), and Job::join's.
-  Result<std::shared_ptr<Job>> admit(const wire::Hello& hello,
+  Result<std::shared_ptr<Job>> admit(const wire::Hello& hello, bool authenticated,
                                      const std::shared_ptr<JobMember>& member);
   // A job the replica of `from_group` announced: found and checked, or
   // created. Errors: kInvalidArgument, kMismatch, kUnavailable (stopping).

@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 
+#include "tally/protocol/auth.h"
 #include "tally/protocol/fabric_transport.h"
 #include "tally/protocol/status.h"
 #include "tally/protocol/tcp_transport.h"
@@ -46,6 +47,16 @@ struct ReducerOptions {
   // Largest world size a job may declare: a Hello is untrusted input, and
   // per-job and per-chunk state grow with it.
   uint32_t max_world_size = 65536;
+  // Workers that hold the job secret authenticate with it (challenge-
+  // response, docs/protocol.md); with require_auth every job must.
+  Secret job_secret;
+  bool require_auth = false;
+  // Replicas of a shard authenticate their links with the pool secret.
+  Secret pool_secret;
+  // Open streams (workers, replicas, and streams still before their hello);
+  // one more is closed as soon as it is accepted, so a flood of sockets
+  // cannot take every descriptor the reducer has.
+  size_t max_connections = 4096;
   // A stream that has not sent its hello by then is closed.
   std::chrono::milliseconds hello_timeout{10000};
   // Longest op timeout a worker may ask for.

@@ -80,6 +80,9 @@ class ReplicaLink final : public FrameHandler, public std::enable_shared_from_th
   bool ever_up_ = false;
   bool stopping_ = false;
   std::optional<Status> fatal_;
+  // With a pool secret: this side's nonce (in the ReplicaHello) and the
+  // acceptor's (its AuthChallenge), which the ReplicaWelcome's proof covers.
+  std::string dialler_nonce_, acceptor_nonce_;
   std::string last_error_;
   std::string address_;  // last dialled
   std::deque<Queued> queue_;

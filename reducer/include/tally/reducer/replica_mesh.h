@@ -47,6 +47,10 @@ class ReplicaMesh {
 
 // "replica (shard S, group G)": how every message names a replica.
 std::string replica_name(uint32_t shard, uint32_t group);
+// What a replica link's MACs cover besides the nonces: the shard, and the
+// dialling and the accepting group.
+std::string replica_identity(uint32_t shard, uint32_t shard_count, uint32_t from_group,
+                             uint32_t to_group, uint32_t group_count);
 
 // A ReplicaError about job `job` carrying `status` (for op `op` when set).
 // With `JobEnded::kYes` it says the sender's job has ended (its workers

@@ -21,7 +21,8 @@ namespace tally {
 
 namespace wire {
 class ReplicaHello;
-}
+class AuthResponse;
+}  // namespace wire
 
 class ReplicaSession final : public FrameHandler,
                              public std::enable_shared_from_this<ReplicaSession> {
@@ -35,6 +36,10 @@ class ReplicaSession final : public FrameHandler,
 
  private:
   void on_hello(const wire::ReplicaHello& hello);
+  void on_auth_response(const wire::AuthResponse& response);
+  // The hello is accepted (and authenticated where the pool has a secret):
+  // attach the data path, welcome the replica, count its stream up.
+  void accept(const wire::ReplicaHello& hello);
   // Sends the replica of this stream a ReplicaError.
   void answer(std::shared_ptr<const wire::Control> error);
 
@@ -51,6 +56,10 @@ class ReplicaSession final : public FrameHandler,
   std::unordered_map<uint64_t, AnnouncedJob> jobs_;
   std::shared_ptr<Job> partial_job_;  // the job of the partial being read
   PendingPartial partial_;
+  // With a pool secret, between the ReplicaHello and its AuthResponse.
+  std::unique_ptr<wire::ReplicaHello> pending_hello_;
+  std::string dialler_nonce_, acceptor_nonce_;
+  std::optional<boost::asio::steady_timer> auth_timer_;
 };
 
 }  // namespace tally

@@ -83,7 +83,10 @@ class Replicas final : public ReplicaMesh, public std::enable_shared_from_this<R
  private:
   struct Replica {
     bool out_up = false;
-    bool in_up = false;
+    // Inbound streams up from this replica: a second one (a restarted
+    // replica's, or a stranger's without a pool secret) does not make the
+    // first one's state, and its end does not mark a live replica lost.
+    uint32_t in_up = 0;
     std::optional<Status> lost;
     std::string address;
   };

@@ -3,7 +3,11 @@
 #pragma once
 
 #include <atomic>
+#include <boost/asio/steady_timer.hpp>
+#include <functional>
 #include <memory>
+#include <optional>
+#include <string>
 
 #include "tally/protocol/status.h"
 #include "tally/protocol/transport.h"
@@ -30,5 +34,12 @@ struct SessionContext {
 void close_with_error(const std::shared_ptr<Connection>& conn, const Status& why);
 // Logs the refusal, then close_with_error.
 void reject_stream(const std::shared_ptr<Connection>& conn, const Status& why);
+
+// Challenges a hello that asked to authenticate: sends an AuthChallenge
+// with a fresh nonce (returned) and arms `timer` so that the stream is
+// rejected unless `answered()` is true once the hello timeout has passed.
+std::string challenge(const std::shared_ptr<Connection>& conn, const SessionContext& context,
+                      std::optional<boost::asio::steady_timer>& timer,
+                      std::function<bool()> answered);
 
 }  // namespace tally

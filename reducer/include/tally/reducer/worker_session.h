@@ -6,7 +6,9 @@
 // from any I/O thread and only post to it.
 #pragma once
 
+#include <boost/asio/steady_timer.hpp>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <string>
@@ -20,7 +22,8 @@ namespace tally {
 
 namespace wire {
 class Hello;
-}
+class AuthResponse;
+}  // namespace wire
 
 class WorkerSession final : public FrameHandler,
                             public JobMember,
@@ -43,6 +46,12 @@ class WorkerSession final : public FrameHandler,
 
  private:
   void on_hello(const wire::Hello& hello);
+  void on_auth_response(const wire::AuthResponse& response);
+  // Joins the job and sends the Welcome (with the reducer's proof when the
+  // worker authenticated).
+  void admit(const wire::Hello& hello, bool authenticated);
+  // What a worker's MAC covers besides the nonces: who it says it is.
+  static std::string identity(const wire::Hello& hello);
 
   const std::shared_ptr<SessionContext> context_;
   const std::shared_ptr<Connection> conn_;
@@ -52,6 +61,15 @@ class WorkerSession final : public FrameHandler,
   bool said_goodbye_ = false;
   std::string goodbye_reason_;
   std::optional<std::pair<uint64_t, uint32_t>> last_key_;  // last contribution accepted
+  // Ops whose Error this stream was sent (the latest few: a stream's
+  // contributions come in op order, so a failed op's repeats are recent).
+  static constexpr size_t kOpErrorsRemembered = 64;
+  std::deque<uint64_t> op_errors_sent_;
+  // Between an authenticating Hello and its AuthResponse: the Hello, both
+  // nonces, and the deadline for the answer (the hello timeout).
+  std::unique_ptr<wire::Hello> pending_hello_;
+  std::string worker_nonce_, reducer_nonce_;
+  std::optional<boost::asio::steady_timer> auth_timer_;
   PendingContribution pending_;
 };
 

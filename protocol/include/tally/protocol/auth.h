@@ -1,0 +1,62 @@
+// Authentication of a stream by a shared secret: challenge-response with
+// HMAC-SHA256 (OpenSSL's libcrypto). The secret itself never travels; each
+// side sends a fresh 32-byte nonce, and the MAC covers both nonces, the role
+// (worker or replica) and the stream's identity (docs/protocol.md,
+// "Authentication"), so a MAC cannot be replayed on another stream or for
+// another rank, job or direction.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include "tally/protocol/status.h"
+
+namespace tally {
+
+inline constexpr size_t kAuthNonceBytes = 32;
+inline constexpr size_t kAuthMacBytes = 32;
+// A secret shorter than this is refused: it could be guessed offline from
+// one recorded exchange.
+inline constexpr size_t kMinSecretBytes = 16;
+
+// What a MAC proves: who computes it over what.
+enum class AuthRole {
+  kWorker,          // a worker proves it holds the job secret
+  kReducer,         // the reducer proves it holds the job secret (mutual)
+  kReplicaDialler,  // the dialling replica proves it holds the pool secret
+  kReplicaAcceptor  // the accepting replica proves it holds the pool secret
+};
+
+// A secret held in memory. It is never printed: to_string-like helpers do
+// not exist, and the value is wiped on destruction.
+class Secret {
+ public:
+  Secret() = default;
+  explicit Secret(std::string bytes) : bytes_(std::move(bytes)) {}
+  ~Secret();
+  Secret(const Secret&) = default;
+  Secret& operator=(const Secret&) = default;
+  bool empty() const { return bytes_.empty(); }
+  const std::string& bytes() const { return bytes_; }
+
+ private:
+  std::string bytes_;
+};
+
+// The secret from `file` (its contents less one trailing newline) if not
+// empty, else from the environment variable `env_var` if set. `what` names
+// the secret in errors ("job secret"). Errors: kInvalidArgument (unreadable
+// file, shorter than kMinSecretBytes); an empty Secret when neither is set.
+Result<Secret> load_secret(const std::string& file, const char* env_var, std::string_view what);
+
+// kAuthNonceBytes from the OS's random source (RAND_bytes).
+std::string make_nonce();
+
+// HMAC-SHA256 over the role, both nonces and `identity` (length-prefixed).
+std::string auth_mac(const Secret& secret, AuthRole role, std::string_view challenger_nonce,
+                     std::string_view responder_nonce, std::string_view identity);
+
+// Constant-time comparison of a received MAC with the expected one.
+bool auth_mac_matches(std::string_view received, std::string_view expected);
+
+}  // namespace tally

@@ -1,0 +1,262 @@
+// Authenticated jobs and replica links (HMAC-SHA256 challenge-response with
+// a shared secret): real reducers, real workers, and raw strangers on
+// loopback. Each finding of issue 12's "no authentication" and "replica
+// impersonation" is tried here and shown refused.
+#include <gtest/gtest.h>
+
+#include <boost/asio/connect.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/write.hpp>
+#include <chrono>
+#include <fstream>
+#include <string>
+#include <thread>
+
+#include "harness.h"
+#include "tally.pb.h"
+#include "tally/protocol/frame.h"
+#include "tally/protocol/tcp_transport.h"
+
+namespace tally::testing {
+namespace {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+using namespace std::chrono_literals;
+
+constexpr const char* kSecret = "3f7c1e0a9b2d4c6e8f0a1b2c3d4e5f60";
+constexpr const char* kOtherSecret = "0000111122223333444455556666777788";
+
+std::string write_secret(const TempDir& dir, const std::string& name, const std::string& secret) {
+  const std::string path = dir.path() + "/" + name;
+  std::ofstream(path) << secret << "\n";
+  return path;
+}
+
+// A stranger on a reducer's port: sends control messages, reads what comes.
+class Stranger {
+ public:
+  explicit Stranger(const std::string& address) : socket_(io_) {
+    auto hp = parse_host_port(address);
+    tcp::resolver resolver(io_);
+    asio::connect(socket_, resolver.resolve(hp->host, std::to_string(hp->port)));
+  }
+  void send_control(const wire::Control& message) {
+    std::string payload = message.SerializeAsString();
+    FrameHeader h;
+    h.kind = FrameKind::kControl;
+    h.length = payload.size();
+    auto bytes = encode_header(h);
+    // The reducer may have closed the stream already (refused): a failed
+    // write is then expected, and what it sent is read below.
+    boost::system::error_code ec;
+    asio::write(socket_, asio::buffer(bytes.data(), bytes.size()), ec);
+    if (!ec) asio::write(socket_, asio::buffer(payload), ec);
+  }
+  // Everything the reducer sends until it closes the stream (or `timeout`).
+  std::string read_until_closed(std::chrono::milliseconds timeout, bool* closed) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    socket_.non_blocking(true);
+    std::string out;
+    char buf[4096];
+    *closed = false;
+    while (std::chrono::steady_clock::now() < deadline) {
+      boost::system::error_code ec;
+      size_t n = socket_.read_some(asio::buffer(buf), ec);
+      if (ec == asio::error::would_block) {
+        std::this_thread::sleep_for(5ms);
+        continue;
+      }
+      if (ec) {
+        *closed = true;
+        break;
+      }
+      out.append(buf, n);
+    }
+    return out;
+  }
+
+ private:
+  asio::io_context io_;
+  tcp::socket socket_;
+};
+
+wire::Control stranger_hello(const std::string& job, uint32_t rank, uint32_t world) {
+  wire::Control m;
+  auto* h = m.mutable_hello();
+  h->set_protocol_version(kProtocolVersion);
+  h->set_job(job);
+  h->set_rank(rank);
+  h->set_world_size(world);
+  h->set_op_timeout_ms(5000);
+  return m;
+}
+
+struct AuthPool {
+  TempDir dir;
+  std::string secret_file;
+  std::unique_ptr<TestCluster> cluster;
+
+  explicit AuthPool(PoolSpec spec, bool require = true, const std::string& secret = kSecret) {
+    secret_file = write_secret(dir, "job.secret", secret);
+    spec.reducer_args.insert(spec.reducer_args.end(), {"--job-secret-file", secret_file});
+    if (require) spec.reducer_args.push_back("--require-auth");
+    cluster = std::make_unique<TestCluster>(spec);
+  }
+};
+
+TEST(Auth, WorkersWithTheSecretRunAndTheReducerProvesItToo) {
+  PoolSpec spec;
+  spec.shards = 2;
+  AuthPool pool(spec);
+  ASSERT_TRUE(pool.cluster->ok()) << pool.cluster->error();
+  expect_allreduce_works(*pool.cluster, 3, "auth-ok", {{"TALLY_SECRET_FILE", pool.secret_file}});
+  expect_allreduce_works(*pool.cluster, 2, "auth-env", {{"TALLY_SECRET", kSecret}});
+  // The secret is never logged.
+  EXPECT_FALSE(contains(pool.cluster->reducer_log(0), kSecret));
+}
+
+TEST(Auth, AWrongSecretIsRefusedNamingTheCause) {
+  AuthPool pool(PoolSpec{});
+  ASSERT_TRUE(pool.cluster->ok()) << pool.cluster->error();
+  auto out = run_one(*pool.cluster, {{"TALLY_SECRET", kOtherSecret}}, 20s);
+  EXPECT_EQ(out.exit_code, 2) << out.out;  // connect failed
+  EXPECT_TRUE(contains(out.out, "unauthenticated")) << out.out;
+  EXPECT_TRUE(contains(out.out, "its job secret is not this reducer's")) << out.out;
+  EXPECT_FALSE(contains(out.out, kOtherSecret)) << out.out;
+  EXPECT_FALSE(contains(pool.cluster->reducer_log(0), kOtherSecret));
+  EXPECT_FALSE(contains(pool.cluster->reducer_log(0), kSecret));
+}
+
+TEST(Auth, RequireAuthRefusesWorkersWithoutASecret) {
+  AuthPool pool(PoolSpec{});
+  ASSERT_TRUE(pool.cluster->ok()) << pool.cluster->error();
+  auto out = run_one(*pool.cluster, {}, 20s);
+  EXPECT_EQ(out.exit_code, 2) << out.out;
+  EXPECT_TRUE(contains(out.out, "serves authenticated jobs only")) << out.out;
+}
+
+TEST(Auth, AWorkerWithASecretRefusesAReducerWithout) {
+  TestCluster cluster(PoolSpec{});
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  auto out = run_one(cluster, {{"TALLY_SECRET", kSecret}}, 20s);
+  EXPECT_EQ(out.exit_code, 2) << out.out;
+  EXPECT_TRUE(contains(out.out, "unauthenticated")) << out.out;
+  EXPECT_TRUE(contains(out.out, "this reducer has none")) << out.out;
+}
+
+// The finding: a stranger who guessed a running job's name took a free rank
+// (and got rank 0's input, or poisoned the sum). Now, before it proves the
+// secret, it learns nothing about the job (not its world size, not its
+// members) and takes no rank; the job runs on untouched.
+TEST(Auth, AStrangerLearnsNothingAndTakesNoRank) {
+  AuthPool pool(PoolSpec{});
+  ASSERT_TRUE(pool.cluster->ok()) << pool.cluster->error();
+  const std::string job = unique_job("victim");
+  TestCluster& cluster = *pool.cluster;
+  auto env_of = [&](uint32_t rank) {
+    auto env = cluster.worker_env(job, rank, 2);
+    env["TALLY_SECRET_FILE"] = pool.secret_file;
+    return env;
+  };
+  const Args args{"--count", "1009", "--ops", "3"};
+  // Rank 0 joins; rank 1's slot stays free while the stranger tries it.
+  bench::Process rank0 = cluster.spawn_worker("v0", args, env_of(0));
+  ASSERT_TRUE(eventually([&] { return contains(cluster.reducer_log(0), "rank 0/2"); }, 20s))
+      << cluster.reducer_log(0);
+  for (uint32_t world : {2u, 3u}) {  // the job's world size, and another one
+    Stranger s(cluster.addresses()[0]);
+    s.send_control(stranger_hello(job, 1, world));
+    bool closed = false;
+    const std::string got = s.read_until_closed(5s, &closed);
+    EXPECT_TRUE(closed);
+    EXPECT_TRUE(contains(got, "serves authenticated jobs only")) << got;
+    EXPECT_FALSE(contains(got, "world size")) << got;
+    EXPECT_FALSE(contains(got, "127.0.0.1")) << got;
+  }
+  bench::Process rank1 = cluster.spawn_worker("v1", args, env_of(1));
+  auto out0 = wait_worker(rank0, cluster, "v0", 30s);
+  auto out1 = wait_worker(rank1, cluster, "v1", 30s);
+  EXPECT_EQ(out0.exit_code, 0) << out0.out;
+  EXPECT_EQ(out1.exit_code, 0) << out1.out;
+}
+
+// Replica links authenticate with the pool secret: a pool with one runs,
+// and a stranger's ReplicaHello (then a hang-up, or a forged ReplicaError)
+// neither marks the real replica lost nor fails a job.
+TEST(Auth, ReplicaImpersonationIsRefused) {
+  TempDir dir;
+  const std::string pool_secret = write_secret(dir, "pool.secret", kOtherSecret);
+  PoolSpec spec;
+  spec.groups = 2;
+  spec.reducer_args.insert(spec.reducer_args.end(), {"--pool-secret-file", pool_secret});
+  TestCluster cluster(spec);
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  expect_allreduce_works(cluster, 4, "replica-auth-before");
+  for (int i = 0; i < 2; ++i) {
+    Stranger s(cluster.addresses()[0]);
+    wire::Control m;
+    auto* h = m.mutable_replica_hello();
+    h->set_protocol_version(kProtocolVersion);
+    h->set_shard(0);
+    h->set_shard_count(1);
+    h->set_group(1);
+    h->set_group_count(2);
+    s.send_control(m);
+    if (i == 1) {
+      wire::Control forged;
+      forged.mutable_replica_error()->set_job("any");
+      forged.mutable_replica_error()->mutable_error()->set_code(wire::INTERNAL);
+      forged.mutable_replica_error()->mutable_error()->set_message("forged by a stranger");
+      s.send_control(forged);
+    }
+    bool closed = false;
+    const std::string got = s.read_until_closed(5s, &closed);
+    EXPECT_TRUE(closed);
+    EXPECT_TRUE(contains(got, "does not authenticate")) << got;
+  }
+  expect_allreduce_works(cluster, 4, "replica-auth-after");
+  EXPECT_FALSE(contains(cluster.reducer_log(0), "lost:")) << cluster.reducer_log(0);
+  EXPECT_FALSE(contains(cluster.reducer_log(0), "forged by a stranger"));
+}
+
+// Without a pool secret a stranger can still say hello as a replica, but
+// its hang-up no longer marks the live replica lost (the live link's state
+// is its own).
+TEST(Auth, AStrangersReplicaStreamDoesNotTakeOverTheLiveLink) {
+  PoolSpec spec;
+  spec.groups = 2;
+  TestCluster cluster(spec);
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  expect_allreduce_works(cluster, 4, "replica-live-before");
+  {
+    Stranger s(cluster.addresses()[0]);
+    wire::Control m;
+    auto* h = m.mutable_replica_hello();
+    h->set_protocol_version(kProtocolVersion);
+    h->set_shard(0);
+    h->set_shard_count(1);
+    h->set_group(1);
+    h->set_group_count(2);
+    s.send_control(m);
+    // Counted up as a second inbound stream of group 1 (two "from" lines).
+    ASSERT_TRUE(eventually(
+        [&] {
+          const std::string log = cluster.reducer_log(0);
+          const std::string what = "inbound stream of replica group 1 from";
+          return log.find(what) != log.rfind(what);
+        },
+        10s))
+        << cluster.reducer_log(0);
+  }
+  // The stranger's stream has ended ("inbound stream of replica group 1
+  // (address) closed").
+  ASSERT_TRUE(eventually(
+      [&] { return contains(cluster.reducer_log(0), "inbound stream of replica group 1 ("); }, 10s))
+      << cluster.reducer_log(0);
+  expect_allreduce_works(cluster, 4, "replica-live-after");
+}
+
+}  // namespace
+}  // namespace tally::testing
