@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 PACKAGES=(
   build-essential cmake ninja-build pkg-config git
   libboost-dev protobuf-compiler libprotobuf-dev libspdlog-dev libfmt-dev libcli11-dev
-  libgtest-dev libgmock-dev clang-format
+  libgtest-dev libgmock-dev libbenchmark-dev clang-format
   libfabric-dev libfabric-bin iproute2
   # The Python module, the DDP hook and their tests: Debian's torch is seen by
   # /usr/bin/python3 only; pip builds the package with setuptools + CMake.
