@@ -191,6 +191,7 @@ void ShardLink::on_welcome(const wire::Welcome& w) {
     return conn_->close(bad);
   }
   window = w.window_chunks();
+  max_chunk_bytes = w.max_chunk_bytes();
   settle(Status::ok());
 }
 

@@ -51,6 +51,7 @@ class ShardLink final : public FrameHandler, public std::enable_shared_from_this
   uint32_t shard() const { return shard_; }
 
   uint32_t window = 1;
+  uint64_t max_chunk_bytes = 0;  // the reducer's chunk buffer, from its welcome
   uint32_t inflight = 0;
   std::deque<std::pair<std::shared_ptr<Op>, uint32_t>> queue;
 

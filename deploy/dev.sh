@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 PACKAGES=(
   build-essential cmake ninja-build pkg-config git
   libboost-dev protobuf-compiler libprotobuf-dev libspdlog-dev libfmt-dev libcli11-dev
-  libgtest-dev libgmock-dev clang-format
+  libgtest-dev libgmock-dev libbenchmark-dev clang-format
   libfabric-dev libfabric-bin iproute2
   # HMAC-SHA256 challenge-response for jobs and replica links.
   libssl-dev

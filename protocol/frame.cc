@@ -57,7 +57,7 @@ EncodedHeader encode_header(const FrameHeader& h) {
   w.dtype = static_cast<uint8_t>(h.dtype);
   w.redop = static_cast<uint8_t>(h.redop);
   w.reserved0 = 0;
-  w.flags = 0;
+  w.flags = h.flags;
   w.rank = h.rank;
   w.job = h.job;
   w.op = h.op;
@@ -87,8 +87,11 @@ Result<FrameHeader> decode_header(std::span<const std::byte, kFrameHeaderBytes> 
                   "peer speaks protocol version " + std::to_string(w.version.value()) +
                       ", this build speaks " + std::to_string(kProtocolVersion));
   }
-  if (w.reserved0.value() != 0 || w.reserved1.value() != 0 || w.flags.value() != 0) {
-    return protocol_error("reserved header fields or flags are not zero");
+  if (w.reserved0.value() != 0 || w.reserved1.value() != 0) {
+    return protocol_error("reserved header fields are not zero");
+  }
+  if ((w.flags.value() & ~kFrameFlagAccumulators) != 0) {
+    return protocol_error("unknown header flags 0x" + std::to_string(w.flags.value()));
   }
   FrameHeader h;
   const uint8_t kind = w.kind.value();
@@ -101,8 +104,10 @@ Result<FrameHeader> decode_header(std::span<const std::byte, kFrameHeaderBytes> 
   h.offset = w.offset.value();
   h.chunk = w.chunk.value();
   h.length = w.length.value();
+  h.flags = w.flags.value();
 
   if (h.kind == FrameKind::kControl) {
+    if (h.flags != 0) return protocol_error("flags on a control frame");
     if (h.length > kMaxControlBytes) {
       return protocol_error("control frame of " + std::to_string(h.length) +
                             " bytes exceeds the limit of " + std::to_string(kMaxControlBytes));
@@ -118,6 +123,16 @@ Result<FrameHeader> decode_header(std::span<const std::byte, kFrameHeaderBytes> 
   h.dtype = static_cast<DType>(w.dtype.value());
   h.redop = static_cast<RedOp>(w.redop.value());
   const uint64_t esize = dtype_size(h.dtype);
+  // With kFrameFlagAccumulators the payload holds float32 accumulators of the
+  // op's 16-bit elements: 4 payload bytes per element of `esize` in the op.
+  uint64_t extent = h.length;
+  if (h.flags & kFrameFlagAccumulators) {
+    if (h.kind != FrameKind::kPartial || esize != 2) {
+      return protocol_error("accumulator flag on a frame that is not a 16-bit partial");
+    }
+    if (h.length % 4 != 0) return protocol_error("accumulator payload not a multiple of 4 bytes");
+    extent = h.length / 4 * esize;
+  }
   if (h.length > limits.max_data_bytes) {
     return protocol_error("data frame of " + std::to_string(h.length) +
                           " bytes exceeds the limit of " + std::to_string(limits.max_data_bytes));
@@ -130,8 +145,8 @@ Result<FrameHeader> decode_header(std::span<const std::byte, kFrameHeaderBytes> 
     return protocol_error("element count overflows");
   }
   const uint64_t total = h.count * esize;
-  if (h.offset > total || h.length > total - h.offset) {
-    return protocol_error("chunk [" + std::to_string(h.offset) + ", +" + std::to_string(h.length) +
+  if (h.offset > total || extent > total - h.offset) {
+    return protocol_error("chunk [" + std::to_string(h.offset) + ", +" + std::to_string(extent) +
                           ") lies outside the op's " + std::to_string(total) + " bytes");
   }
   return h;

@@ -5,6 +5,14 @@
 #include "tally/reducer/kernels.h"
 
 namespace tally {
+namespace {
+
+// Partials of 16-bit ops carry float32 accumulators (frame.h).
+uint16_t partial_flags(DType dtype) {
+  return accumulator_dtype(dtype) != dtype ? kFrameFlagAccumulators : 0;
+}
+
+}  // namespace
 
 std::string chunk_shape(const FrameHeader& h) {
   return "count=" + std::to_string(h.count) + " " + std::string(dtype_name(h.dtype)) + " " +
@@ -43,6 +51,7 @@ Chunk::Progress Chunk::add(SlabRole role, std::shared_ptr<Slab> slab, uint32_t l
   const DType dtype = meta_.dtype;
   const size_t nbytes = meta_.length;
   if (role == SlabRole::kAccumulator) {
+    load_payload(dtype, accumulator_->data(), nbytes);
     accumulator_ready_ = true;
     for (auto& p : pending_) reduce_into(dtype, accumulator_->data(), p->data(), nbytes);
     pending_.clear();
@@ -70,12 +79,14 @@ Status Chunk::place_locked(uint32_t from_group, const FrameHeader& h, std::share
                            const ButterflyContext& context) {
   const FrameHeader& m = meta_;
   const size_t esize = dtype_size(m.dtype);
+  const size_t acc_size = dtype_size(accumulator_dtype(m.dtype));
   const std::string who = context.mesh->describe(from_group);
   auto bad = [&](const std::string& why) {
     return Status(ErrorCode::kMismatch, "partial of op " + std::to_string(h.op) + " chunk " +
                                             std::to_string(h.chunk) + " from " + who + " " + why);
   };
-  if (h.count != m.count || h.dtype != m.dtype || h.redop != m.redop) {
+  if (h.count != m.count || h.dtype != m.dtype || h.redop != m.redop ||
+      h.flags != partial_flags(m.dtype)) {
     return bad("disagrees with this group's contributions: it has " + chunk_shape(h) + ", here " +
                chunk_shape(m));
   }
@@ -83,10 +94,10 @@ Status Chunk::place_locked(uint32_t from_group, const FrameHeader& h, std::share
     const ButterflyStep& s = steps_[i];
     if (context.participants[s.partner] != from_group || s.tag != h.rank || s.recv.empty())
       continue;
-    if (h.offset != m.offset + s.recv.begin * esize || h.length != s.recv.size() * esize) {
+    if (h.offset != m.offset + s.recv.begin * esize || h.length != s.recv.size() * acc_size) {
       return bad("covers bytes [" + std::to_string(h.offset) + ", +" + std::to_string(h.length) +
                  "), the butterfly expects [" + std::to_string(m.offset + s.recv.begin * esize) +
-                 ", +" + std::to_string(s.recv.size() * esize) +
+                 ", +" + std::to_string(s.recv.size() * acc_size) +
                  ") (do the replicas' group sizes agree?)");
     }
     if (arrived_[i] || i < step_) return bad("arrived twice");
@@ -134,7 +145,11 @@ Chunk::Progress Chunk::on_replica_left(uint32_t group, const ButterflyContext& c
 
 Chunk::Progress Chunk::advance_locked(const ButterflyContext& context, Status& why) {
   if (failed_ || done_reported_) return Progress::kWaiting;
+  // Header offsets count the op's elements; the accumulator (and so every
+  // partial's payload) holds accumulator elements.
   const size_t esize = dtype_size(meta_.dtype);
+  const DType acc_dtype = accumulator_dtype(meta_.dtype);
+  const size_t acc_size = dtype_size(acc_dtype);
   while (step_ < steps_.size()) {
     const ButterflyStep& s = steps_[step_];
     const uint32_t group = context.participants[s.partner];
@@ -148,11 +163,12 @@ Chunk::Progress Chunk::advance_locked(const ButterflyContext& context, Status& w
         FrameHeader h = meta_;
         h.kind = FrameKind::kPartial;
         h.rank = s.tag;
+        h.flags = partial_flags(meta_.dtype);
         h.offset = meta_.offset + s.send.begin * esize;
-        h.length = s.send.size() * esize;
+        h.length = s.send.size() * acc_size;
         sends_pending_++;
         context.replica_bytes_sent.fetch_add(h.length, std::memory_order_relaxed);
-        context.mesh->send_partial(group, h, accumulator_, s.send.begin * esize, deadline_,
+        context.mesh->send_partial(group, h, accumulator_, s.send.begin * acc_size, deadline_,
                                    context.on_sent(shared_from_this()));
       }
     }
@@ -170,12 +186,12 @@ Chunk::Progress Chunk::advance_locked(const ButterflyContext& context, Status& w
       }
       // Never write into the accumulator while a send still reads it.
       if (sends_pending_ > 0) return Progress::kWaiting;
-      std::byte* dst = accumulator_->data() + s.recv.begin * esize;
+      std::byte* dst = accumulator_->data() + s.recv.begin * acc_size;
       const std::byte* src = arrived_[step_]->data();
       if (s.apply == ButterflyStep::Apply::kAdd) {
-        reduce_into(meta_.dtype, dst, src, s.recv.size() * esize);
+        reduce_into(acc_dtype, dst, src, s.recv.size() * acc_size);
       } else {
-        std::memcpy(dst, src, s.recv.size() * esize);
+        std::memcpy(dst, src, s.recv.size() * acc_size);
       }
       arrived_[step_].reset();
     }

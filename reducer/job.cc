@@ -256,6 +256,20 @@ PayloadAction Job::on_contribution_header(const std::shared_ptr<JobMember>& memb
                    {h.rank});
     return PayloadAction::discard();
   }
+  if (const uint64_t most = max_piece_elements(settings_.max_chunk_bytes, h.dtype);
+      settings_.max_chunk_bytes > 0 && h.length / dtype_size(h.dtype) > most) {
+    fail_op_locked(
+        h.op,
+        Status(ErrorCode::kInvalidArgument,
+               "rank " + std::to_string(h.rank) + " sent a chunk of " +
+                   std::to_string(h.length / dtype_size(h.dtype)) + " " +
+                   std::string(dtype_name(h.dtype)) + " elements; this reducer sums at most " +
+                   std::to_string(most) + " per chunk (" +
+                   std::to_string(settings_.max_chunk_bytes) +
+                   "-byte buffers, 16-bit types accumulate in float32: lower TALLY_CHUNK_BYTES)"),
+        {h.rank});
+    return PayloadAction::discard();
+  }
   const ChunkKey key{h.op, h.chunk};
   auto it = chunks_.find(key);
   std::shared_ptr<Chunk> chunk;
@@ -326,7 +340,10 @@ PayloadAction Job::on_contribution_header(const std::shared_ptr<JobMember>& memb
   pending.role = chunk->accept(h.rank, member.get(), slab);
   pending.chunk = std::move(chunk);
   pending.slab = std::move(slab);
-  return PayloadAction::receive(pending.slab->first(h.length));
+  // The accumulator of a 16-bit chunk takes its payload in its upper half
+  // and widens it in place (kernels.h).
+  const size_t at = pending.role == SlabRole::kAccumulator ? payload_offset(h.dtype, h.length) : 0;
+  return PayloadAction::receive(pending.slab->first(at + h.length).subspan(at));
 }
 
 void Job::on_contribution_payload(const FrameHeader& h, PendingContribution& pending) {
@@ -370,9 +387,12 @@ void Job::finish(const std::shared_ptr<Chunk>& chunk) {
   // No other thread touches a chunk after it left the map and all payloads are in.
   std::shared_ptr<Slab> result = chunk->take_result();
   FrameHeader out = chunk->meta();
+  const size_t count = out.length / dtype_size(out.dtype);
   if (out.redop == RedOp::kAverage) {
-    scale_average(out.dtype, result->data(), out.length, settings_.world_size);
+    scale_average(out.dtype, result->data(), count * dtype_size(accumulator_dtype(out.dtype)),
+                  settings_.world_size);
   }
+  store_result(out.dtype, result->data(), count);
   out.kind = FrameKind::kResult;
   out.rank = kReducerRank;
   counters_.chunks_finished.fetch_add(1, std::memory_order_relaxed);

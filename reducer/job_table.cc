@@ -114,6 +114,7 @@ Result<std::shared_ptr<Job>> JobTable::create_locked(JobSettings settings) {
   settings.shard = options_.shard;
   settings.shard_count = options_.shard_count;
   settings.group = options_.group;
+  settings.max_chunk_bytes = options_.max_chunk_bytes;
   size_t participants = 0;
   for (uint32_t n : settings.group_sizes) participants += n > 0;
   participants = std::max<size_t>(participants, 1);

@@ -118,19 +118,15 @@ Target from_tensor(py::handle t) {
         "tensor requires grad: reduce t.detach() or t.grad (an in-place write behind autograd's "
         "back would corrupt its graph)");
   }
-  static const std::map<std::string, DType> dtypes{{"torch.float32", DType::kFloat32},
-                                                   {"torch.float64", DType::kFloat64},
-                                                   {"torch.int32", DType::kInt32},
-                                                   {"torch.int64", DType::kInt64}};
+  static const std::map<std::string, DType> dtypes{
+      {"torch.float32", DType::kFloat32}, {"torch.float64", DType::kFloat64},
+      {"torch.float16", DType::kFloat16}, {"torch.bfloat16", DType::kBFloat16},
+      {"torch.int32", DType::kInt32},     {"torch.int64", DType::kInt64}};
   const std::string dtype = py::str(t.attr("dtype"));
   auto it = dtypes.find(dtype);
   if (it == dtypes.end()) {
-    if (dtype == "torch.float16" || dtype == "torch.bfloat16") {
-      raise(Status(ErrorCode::kUnimplemented,
-                   "dtype " + dtype +
-                       " is not summed by the reducers yet (float32, float64, int32, int64)"));
-    }
-    raise_invalid("tensor dtype " + dtype + " is not supported (float32, float64, int32, int64)");
+    raise_invalid("tensor dtype " + dtype +
+                  " is not supported (float32, float64, float16, bfloat16, int32, int64)");
   }
   target.dtype = it->second;
   target.count = t.attr("numel")().cast<size_t>();
@@ -178,13 +174,11 @@ Target from_buffer(py::handle obj) {
     target.dtype = DType::kInt32;
   } else if ((format == "i" || format == "l" || format == "q") && item == 8) {
     target.dtype = DType::kInt64;
-  } else if (format == "e") {
-    raise(
-        Status(ErrorCode::kUnimplemented,
-               "dtype float16 is not summed by the reducers yet (float32, float64, int32, int64)"));
+  } else if (format == "e" && item == 2) {
+    target.dtype = DType::kFloat16;
   } else {
     raise_invalid("buffer format '" + std::string(v.format ? v.format : "B") +
-                  "' is not supported (float32, float64, int32, int64)");
+                  "' is not supported (float32, float64, float16, int32, int64)");
   }
   target.data = v.buf;
   target.count = static_cast<size_t>(v.len) / item;

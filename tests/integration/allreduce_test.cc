@@ -120,7 +120,9 @@ INSTANTIATE_TEST_SUITE_P(Sweep, AllreduceTest, ::testing::ValuesIn(sweep()), cas
 
 std::vector<Case> types_and_ops() {
   std::vector<Case> cases;
-  for (std::string dtype : {"float", "double", "int32", "int64"}) {
+  // float16 and bfloat16 accumulate in float32 on the reducers; the worker
+  // checks each element against its error bound (test_worker.cc).
+  for (std::string dtype : {"float", "double", "int32", "int64", "half", "bfloat16"}) {
     for (std::string redop : {"sum", "avg"}) {
       Case c;
       c.workers = 3;
@@ -285,6 +287,20 @@ std::vector<GroupCase> order_sensitive() {
   avg.redop = "avg";
   avg.pattern = "noisy";
   cases.push_back(avg);
+  // 16-bit types: replicas exchange float32 partials, so every group gets
+  // the bits one reducer would have produced.
+  for (std::string dtype : {"half", "bfloat16"}) {
+    for (std::string redop : {"sum", "avg"}) {
+      GroupCase c;
+      c.workers = 5;
+      c.shards = 2;
+      c.groups = 3;
+      c.counts = {1, 1009, 9477};
+      c.dtype = dtype;
+      c.redop = redop;
+      cases.push_back(c);
+    }
+  }
   for (std::string dtype : {"int32", "int64"}) {
     GroupCase ints;
     ints.workers = 5;

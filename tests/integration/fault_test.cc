@@ -225,15 +225,20 @@ TEST_P(TransportFault, OpsAfterATimedOutOpAreExact) {
 
 INSTANTIATE_TEST_SUITE_P(Fault, TransportFault, ::testing::Values("tcp", "fabric"), transport_name);
 
-TEST(Fault, HalfPrecisionIsRefusedClearly) {
+// A 16-bit chunk needs 4 bytes of reducer buffer per element (float32
+// accumulators): a chunk size that fits the buffer as float32 but not as
+// float16 is refused before anything is sent, naming the limit.
+TEST(Fault, SixteenBitChunkBeyondTheAccumulatorIsRefusedClearly) {
   TestCluster cluster(PoolSpec{});
   ASSERT_TRUE(cluster.ok()) << cluster.error();
   const std::string job = unique_job("half");
-  auto p = cluster.spawn_worker("w0", {"--count", "300", "--dtype", "half"},
-                                cluster.worker_env(job, 0, 1));
+  auto env = cluster.worker_env(job, 0, 1);
+  env["TALLY_CHUNK_BYTES"] = "4096";  // PoolSpec's --max-chunk-bytes: 2048 halves, 1024 fit
+  auto p = cluster.spawn_worker("w0", {"--count", "3000", "--dtype", "half"}, env);
   auto out = wait_worker(p, cluster, "w0", 15s);
   EXPECT_EQ(out.exit_code, 3) << out.out;
-  EXPECT_TRUE(contains(out.out, "unimplemented")) << out.out;
+  EXPECT_TRUE(contains(out.out, "invalid")) << out.out;
+  EXPECT_TRUE(contains(out.out, "accumulate in float32")) << out.out;
 }
 
 // connect() fails fast on one shard's refusal while another shard is still

@@ -1,6 +1,7 @@
 """allreduce on torch tensors and numpy arrays of every dtype the reducers
 sum (float32, float64, int32, int64), sum and avg, against the closed form,
-W=3 ranks on a real pool of 2 reducers."""
+W=3 ranks on a real pool of 2 reducers; float16 and bfloat16 (summed in
+float32 on the reducers) against a float64 reference within their bound."""
 
 import numpy as np
 import pytest
@@ -82,5 +83,53 @@ def test_fused_small_tensors_match_the_closed_form(pool):
         assert next_op == 3
         for n, t in zip(counts, tensors):
             np.testing.assert_array_equal(t.numpy(), pattern_sum(2, n).astype(np.float64))
+    for c in clients:
+        c.close()
+
+
+# Unit roundoff and half the smallest denormal of each 16-bit type.
+SIXTEEN_BIT = {"float16": (2.0 ** -11, 2.0 ** -25), "bfloat16": (2.0 ** -8, 2.0 ** -134)}
+
+
+@pytest.mark.parametrize("kind", ["torch", "numpy"])
+@pytest.mark.parametrize("op", ["sum", "avg"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_sixteen_bit_tensors_are_summed_in_float32(pool, dtype, op, kind):
+    if kind == "numpy" and dtype == "bfloat16":
+        pytest.skip("numpy has no bfloat16")
+    clients = connect(pool.address, new_job("ar16-%s-%s-%s" % (kind, dtype, op)), WORLD)
+    tdtype = getattr(torch, dtype)
+    count = 9477  # many chunks over both shards, not a multiple of a vector
+    # Fractions that 16-bit floats cannot hold exactly, different per rank.
+    inputs = [(torch.arange(count, dtype=torch.float64) % 97 + 1).reciprocal() + r
+              for r in range(WORLD)]
+    inputs = [x.to(tdtype) for x in inputs]
+
+    def run(rank, client):
+        if kind == "torch":
+            buf = inputs[rank].clone()
+            assert client.allreduce(buf, op=op) is buf
+            return buf.to(torch.float64).numpy()
+        buf = inputs[rank].numpy().copy()
+        client.allreduce(buf, op=op)
+        return buf.astype(np.float64)
+
+    results = on_every_rank(clients, run)
+    wide = [x.to(torch.float64).numpy() for x in inputs]
+    exact = sum(wide)
+    magnitude = sum(np.abs(x) for x in wide)
+    if op == "avg":
+        exact = exact / WORLD
+        magnitude = magnitude / WORLD
+    u, half_denormal = SIXTEEN_BIT[dtype]
+    # docs/protocol.md, "16-bit types": float32 accumulation, one rounding.
+    bound = u * np.abs(exact) + (1 + u) * (WORLD + 1) * 2.0 ** -24 * magnitude + half_denormal
+    for rank in range(WORLD):
+        err = np.abs(results[rank] - exact)
+        bad = np.nonzero(~(err <= bound))[0]
+        assert bad.size == 0, "rank %d: element %d is %r, exact %r, bound %r" % (
+            rank, bad[0], results[rank][bad[0]], exact[bad[0]], bound[bad[0]])
+        # Every rank gets the same bits.
+        np.testing.assert_array_equal(results[rank], results[0])
     for c in clients:
         c.close()

@@ -389,6 +389,35 @@ TEST(FrameDecode, RejectsAnyNonzeroReservedOrFlagBit) {
   }
 }
 
+TEST(FrameDecode, AccumulatorFlagCarriesFloat32PartialsOfSixteenBitOps) {
+  // A bfloat16 partial of elements [10, 110) carries 4 bytes per element.
+  FrameHeader h = valid_data_header(DType::kBFloat16);
+  h.kind = FrameKind::kPartial;
+  h.flags = kFrameFlagAccumulators;
+  h.length = 100 * 4;
+  auto r = decode(encode_header(h));
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_EQ(r->flags, kFrameFlagAccumulators);
+  EXPECT_EQ(r->length, 400u);
+  // Its extent counts elements: the last 990 elements fit, 991 do not.
+  h.offset = 10 * 2;
+  h.length = 990 * 4;
+  EXPECT_TRUE(decode(encode_header(h)).is_ok());
+  h.length = 991 * 4;
+  expect_rejected(encode_header(h), ErrorCode::kProtocol);
+  // Not a multiple of 4 bytes.
+  h.length = 102;
+  expect_rejected(encode_header(h), ErrorCode::kProtocol);
+  // Only on partials of 16-bit ops.
+  FrameHeader contribution = valid_data_header(DType::kBFloat16);
+  contribution.flags = kFrameFlagAccumulators;
+  expect_rejected(encode_header(contribution), ErrorCode::kProtocol);
+  FrameHeader wide = valid_data_header(DType::kFloat32);
+  wide.kind = FrameKind::kPartial;
+  wide.flags = kFrameFlagAccumulators;
+  expect_rejected(encode_header(wide), ErrorCode::kProtocol);
+}
+
 TEST(FrameDecode, ControlPayloadUpToTheLimitIsAcceptedAndOneMoreIsNot) {
   FrameHeader h;
   h.kind = FrameKind::kControl;

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "tally/protocol/dtype.h"
+#include "tally/protocol/kernels.h"
 
 namespace tally {
 namespace {
@@ -327,14 +328,67 @@ TEST(KernelSupports, FullWidthTypesAreSupported) {
   EXPECT_TRUE(kernel_supports(DType::kInt64));
 }
 
-TEST(KernelSupports, SixteenBitFloatsAreNotSupported) {
-  EXPECT_FALSE(kernel_supports(DType::kFloat16));
-  EXPECT_FALSE(kernel_supports(DType::kBFloat16));
+TEST(KernelSupports, SixteenBitFloatsAccumulateInFloat32) {
+  EXPECT_TRUE(kernel_supports(DType::kFloat16));
+  EXPECT_TRUE(kernel_supports(DType::kBFloat16));
+  EXPECT_EQ(accumulator_dtype(DType::kFloat16), DType::kFloat32);
+  EXPECT_EQ(accumulator_dtype(DType::kBFloat16), DType::kFloat32);
+  EXPECT_EQ(accumulator_dtype(DType::kInt64), DType::kInt64);
+  EXPECT_EQ(payload_offset(DType::kFloat16, 200), 200u);
+  EXPECT_EQ(payload_offset(DType::kFloat32, 200), 0u);
+}
+
+// A 16-bit chunk's life on a reducer: the first payload lands in the upper
+// half of the accumulator slab and is widened in place, the others are added
+// in float32, the average divides in float32, and the result is narrowed in
+// place. Expected: the same steps on the scalar reference, element by element.
+TEST(SixteenBitChunk, AccumulatesInFloat32AndNarrowsOnce) {
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+    for (RedOp redop : {RedOp::kSum, RedOp::kAverage}) {
+      const bool bf16 = dtype == DType::kBFloat16;
+      auto narrow = [&](float f) { return bf16 ? float_to_bfloat16(f) : float_to_half(f); };
+      auto widen = [&](uint16_t h) { return bf16 ? bfloat16_to_float(h) : half_to_float(h); };
+      const size_t n = 1037;  // not a multiple of any vector width
+      const uint32_t world = 3;
+      std::vector<std::vector<uint16_t>> inputs(world, std::vector<uint16_t>(n));
+      for (uint32_t r = 0; r < world; ++r) {
+        for (size_t i = 0; i < n; ++i) {
+          inputs[r][i] = narrow(0.37f * static_cast<float>(i) - 11.0f * static_cast<float>(r) +
+                                0.001f * static_cast<float>(i % 7));
+        }
+      }
+      std::vector<float> slab(n);  // 4n bytes, as a reducer slab holds
+      auto* base = reinterpret_cast<std::byte*>(slab.data());
+      std::memcpy(base + payload_offset(dtype, 2 * n), inputs[0].data(), 2 * n);
+      load_payload(dtype, base, 2 * n);
+      for (uint32_t r = 1; r < world; ++r) {
+        reduce_into(dtype, base, reinterpret_cast<const std::byte*>(inputs[r].data()), 2 * n);
+      }
+      if (redop == RedOp::kAverage) scale_average(dtype, base, 4 * n, world);
+      store_result(dtype, base, n);
+      const auto* out = reinterpret_cast<const uint16_t*>(base);
+      for (size_t i = 0; i < n; ++i) {
+        float acc = widen(inputs[0][i]);
+        for (uint32_t r = 1; r < world; ++r) acc += widen(inputs[r][i]);
+        if (redop == RedOp::kAverage) acc /= static_cast<float>(world);
+        ASSERT_EQ(out[i], narrow(acc))
+            << dtype_name(dtype) << " " << redop_name(redop) << " element " << i;
+      }
+    }
+  }
 }
 
 TEST(KernelSupports, UnknownWireValueIsNotSupported) {
   EXPECT_FALSE(kernel_supports(static_cast<DType>(0)));
   EXPECT_FALSE(kernel_supports(static_cast<DType>(7)));
+}
+
+TEST(MaxPieceElements, SixteenBitTypesCountFourBytesOfAccumulator) {
+  EXPECT_EQ(max_piece_elements(4096, DType::kFloat16), 1024u);
+  EXPECT_EQ(max_piece_elements(4096, DType::kBFloat16), 1024u);
+  EXPECT_EQ(max_piece_elements(4096, DType::kFloat32), 1024u);
+  EXPECT_EQ(max_piece_elements(4096, DType::kFloat64), 512u);
+  EXPECT_EQ(max_piece_elements(4096, static_cast<DType>(9)), 0u);
 }
 
 using KernelsDeathTest = ::testing::Test;
@@ -343,9 +397,8 @@ TEST_F(KernelsDeathTest, UnsupportedTypeIsABugNotASilentNoOp) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   std::vector<uint16_t> dst(4, 1);
   std::vector<uint16_t> src(4, 1);
-  EXPECT_DEATH(reduce_into(DType::kFloat16, bytes(dst), bytes(src), 8), "TALLY_CHECK");
-  EXPECT_DEATH(reduce_into(DType::kBFloat16, bytes(dst), bytes(src), 8), "TALLY_CHECK");
-  EXPECT_DEATH(scale_average(DType::kFloat16, bytes(dst), 8, 2), "TALLY_CHECK");
+  EXPECT_DEATH(reduce_into(static_cast<DType>(9), bytes(dst), bytes(src), 8), "TALLY_CHECK");
+  EXPECT_DEATH(scale_average(static_cast<DType>(9), bytes(dst), 8, 2), "TALLY_CHECK");
 }
 
 TEST_F(KernelsDeathTest, ZeroDivisorIsABug) {

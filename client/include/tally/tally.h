@@ -58,7 +58,7 @@ typedef enum tally_code {
 typedef enum tally_dtype {
   TALLY_FLOAT32 = 1,
   TALLY_FLOAT64 = 2,
-  TALLY_FLOAT16 = 3,  /* refused by the reducers for now (TALLY_UNIMPLEMENTED) */
+  TALLY_FLOAT16 = 3,  /* summed in float32 by the reducers, rounded once */
   TALLY_BFLOAT16 = 4, /* likewise */
   TALLY_INT32 = 5,
   TALLY_INT64 = 6

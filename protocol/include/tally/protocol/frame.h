@@ -9,7 +9,7 @@
 //   7     1    dtype    DType of the payload elements (data frames)
 //   8     1    redop    RedOp of the op (data frames)
 //   9     1    reserved must be 0
-//  10     2    flags    must be 0 in this version
+//  10     2    flags    kFrameFlag* bits; unknown bits are a protocol error
 //  12     4    rank     sender's rank (contributions); 0xFFFFFFFF (results);
 //                       the butterfly exchange tag (partials, butterfly.h)
 //  16     8    job      64-bit job id (job_id(name)), checked against the stream's job
@@ -39,6 +39,11 @@ inline constexpr size_t kFrameHeaderBytes = 64;
 // Control messages are small (hello, errors); anything larger is hostile.
 inline constexpr size_t kMaxControlBytes = 64 * 1024;
 inline constexpr uint32_t kReducerRank = 0xFFFFFFFF;
+// Flag bit 0 (partials of float16/bfloat16 ops only): the payload holds the
+// segment's float32 accumulators, 4 bytes per element, while offset and
+// count still count the op's 16-bit elements. Replicas exchange partials at
+// full precision so the butterfly adds exactly what one reducer would.
+inline constexpr uint16_t kFrameFlagAccumulators = 0x1;
 
 enum class FrameKind : uint8_t {
   kControl = 1,       // payload: tally.wire.Control
@@ -58,6 +63,7 @@ struct FrameHeader {
   uint64_t offset = 0;
   uint32_t chunk = 0;
   uint64_t length = 0;
+  uint16_t flags = 0;  // kFrameFlag* bits
 };
 
 using EncodedHeader = std::array<std::byte, kFrameHeaderBytes>;

@@ -76,6 +76,9 @@ struct JobSettings {
   // known only as they join; otherwise they are the contiguous blocks.
   bool groups_explicit = false;
   std::chrono::milliseconds op_timeout{60000};
+  // Bytes of one chunk buffer (the reducer's max_chunk_bytes): bounds the
+  // elements of a chunk whose accumulator is wider than its payload.
+  size_t max_chunk_bytes = 0;
   // Why ranks of an earlier job of the same name left (rank -> reason), to
   // explain a timeout to a worker that joined after they were gone.
   std::map<uint32_t, std::string> history;
