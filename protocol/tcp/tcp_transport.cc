@@ -10,6 +10,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/write.hpp>
 #include <deque>
+#include <limits>
 #include <unordered_map>
 #include <vector>
 
@@ -28,6 +29,15 @@ using Clock = std::chrono::steady_clock;
 constexpr size_t kReadPieceBytes = 1u << 20;
 // Discarded payloads are drained through a scratch buffer of this size.
 constexpr size_t kScratchBytes = 64u << 10;
+
+// asio::transfer_all() hands the socket at most 64 KiB per call, so a 1 MiB
+// chunk took 16 sendmsg calls and as many trips through epoll. Writes offer
+// the kernel everything left; it takes what fits in the send buffer.
+struct TransferAllUnbounded {
+  size_t operator()(const boost::system::error_code& ec, size_t) const {
+    return ec ? 0 : std::numeric_limits<size_t>::max();
+  }
+};
 
 std::string endpoint_string(const tcp::endpoint& ep) {
   const auto addr = ep.address();
@@ -267,13 +277,13 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
     const size_t piece = std::min(total - done, discarding_ ? kScratchBytes : kReadPieceBytes);
     asio::mutable_buffer buf = discarding_ ? asio::buffer(scratch_.data(), piece)
                                            : asio::buffer(dst_.data() + done, piece);
-    asio::async_read(
-        socket_, buf,
-        [self = shared_from_this(), done, piece](const boost::system::error_code& ec, size_t) {
+    // read_some, not asio::async_read: that reads at most 64 KiB per call.
+    socket_.async_read_some(
+        buf, [self = shared_from_this(), done](const boost::system::error_code& ec, size_t n) {
           if (self->closed_) return;
           if (ec) return self->fail(from_asio(ec, "reading from", self->peer_));
           self->last_rx_ = Clock::now();
-          self->read_payload(done + piece);
+          self->read_payload(done + n);
         });
   }
 
@@ -294,7 +304,7 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
     Outgoing& out = queue_.front();
     std::array<asio::const_buffer, 2> bufs{asio::buffer(out.header),
                                            asio::buffer(out.payload.data(), out.payload.size())};
-    asio::async_write(socket_, bufs,
+    asio::async_write(socket_, bufs, TransferAllUnbounded{},
                       [self = shared_from_this()](const boost::system::error_code& ec, size_t) {
                         self->on_write(ec);
                       });
