@@ -11,6 +11,7 @@
 #include <boost/asio/write.hpp>
 #include <cerrno>
 #include <deque>
+#include <limits>
 #include <optional>
 #include <unordered_map>
 #include <vector>
@@ -33,6 +34,15 @@ constexpr size_t kScratchBytes = 64u << 10;
 // How long a stream whose write failed keeps reading what the peer sent
 // before it (the goodbye that says why the peer left, typically).
 constexpr std::chrono::milliseconds kDrainDeadline{1000};
+
+// asio::transfer_all() hands the socket at most 64 KiB per call, so a 1 MiB
+// chunk took 16 sendmsg calls and as many trips through epoll. Writes offer
+// the kernel everything left; it takes what fits in the send buffer.
+struct TransferAllUnbounded {
+  size_t operator()(const boost::system::error_code& ec, size_t) const {
+    return ec ? 0 : std::numeric_limits<size_t>::max();
+  }
+};
 
 std::string endpoint_string(const tcp::endpoint& ep) {
   const auto addr = ep.address();
@@ -297,13 +307,13 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
     const size_t piece = std::min(total - done, discarding_ ? kScratchBytes : kReadPieceBytes);
     asio::mutable_buffer buf = discarding_ ? asio::buffer(scratch_.data(), piece)
                                            : asio::buffer(dst_.data() + done, piece);
-    asio::async_read(
-        socket_, buf,
-        [self = shared_from_this(), done, piece](const boost::system::error_code& ec, size_t) {
+    // read_some, not asio::async_read: that reads at most 64 KiB per call.
+    socket_.async_read_some(
+        buf, [self = shared_from_this(), done](const boost::system::error_code& ec, size_t n) {
           if (self->closed_) return;
           if (ec) return self->fail(from_asio(ec, "reading from", self->peer_));
           self->last_rx_ = Clock::now();
-          self->read_payload(done + piece);
+          self->read_payload(done + n);
         });
   }
 
@@ -324,7 +334,7 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
     Outgoing& out = queue_.front();
     std::array<asio::const_buffer, 2> bufs{asio::buffer(out.header),
                                            asio::buffer(out.payload.data(), out.payload.size())};
-    asio::async_write(socket_, bufs,
+    asio::async_write(socket_, bufs, TransferAllUnbounded{},
                       [self = shared_from_this()](const boost::system::error_code& ec, size_t) {
                         self->on_write(ec);
                       });
