@@ -194,7 +194,9 @@ void Reducer::Impl::on_accept(asio::ip::tcp::socket socket) {
       return;
     }
   }
-  auto conn = make_connection(fabric, std::move(socket), options.connection);
+  ConnectionOptions copts = options.connection;
+  copts.write_timeout = copts.peer_timeout;  // workers and replicas read what we send them
+  auto conn = make_connection(fabric, std::move(socket), copts);
   std::weak_ptr<Impl> weak = shared_from_this();
   auto stream = std::make_shared<InboundStream>(
       conn, options.hello_timeout, counters,

@@ -34,6 +34,10 @@ constexpr size_t kScratchBytes = 64u << 10;
 // How long a stream whose write failed keeps reading what the peer sent
 // before it (the goodbye that says why the peer left, typically).
 constexpr std::chrono::milliseconds kDrainDeadline{1000};
+// Control bytes a stream may have queued for its peer. Data payloads are
+// slabs the memory budget bounds; control frames are copies, and a peer
+// that never reads must not make them grow without bound.
+constexpr size_t kMaxQueuedControlBytes = 4u << 20;
 
 // asio::transfer_all() hands the socket at most 64 KiB per call, so a 1 MiB
 // chunk took 16 sendmsg calls and as many trips through epoll. Writes offer
@@ -113,6 +117,14 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
     out.header = encode_header(h);
     out.payload = {reinterpret_cast<const std::byte*>(out.owned.data()), out.owned.size()};
     out.done = std::move(done);
+    if (queued_control_bytes_ + out.owned.size() > kMaxQueuedControlBytes) {
+      Status why(ErrorCode::kPeerLost,
+                 peer_ + " does not read: " + std::to_string(queued_control_bytes_) +
+                     " bytes of control messages wait for it");
+      if (out.done) out.done(why);
+      return fail(why);
+    }
+    queued_control_bytes_ += out.owned.size();
     queue_.push_back(std::move(out));
     if (!writing_) write_next();
   }
@@ -152,6 +164,7 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
     while (queue_.size() > keep) {
       Outgoing out = std::move(queue_.back());
       queue_.pop_back();
+      queued_control_bytes_ -= out.owned.size();
       if (out.done) out.done(reason);
     }
     auto handler = std::move(handler_);
@@ -198,6 +211,7 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
     while (!queue_.empty()) {
       Outgoing out = std::move(queue_.front());
       queue_.pop_front();
+      queued_control_bytes_ -= out.owned.size();
       if (out.done) out.done(why);
     }
     if (paused_) return fail(why);
@@ -331,6 +345,7 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
   void write_next() {
     if (closed_ || queue_.empty()) return;
     writing_ = true;
+    write_started_ = Clock::now();
     Outgoing& out = queue_.front();
     std::array<asio::const_buffer, 2> bufs{asio::buffer(out.header),
                                            asio::buffer(out.payload.data(), out.payload.size())};
@@ -344,6 +359,7 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
     writing_ = false;
     Outgoing out = std::move(queue_.front());
     queue_.pop_front();
+    queued_control_bytes_ -= out.owned.size();
     last_tx_ = Clock::now();
     if (closed_) {
       if (out.done) out.done(close_reason_);
@@ -373,6 +389,15 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
       return fail(Status(ErrorCode::kPeerLost, "no data or heartbeat from " + peer_ + " for " +
                                                    std::to_string(silent.count()) + " ms"));
     }
+    // The write deadline: a peer that sends (heartbeats, even data) but
+    // does not read is as dead as a silent one.
+    if (writing_ && options_.write_timeout.count() > 0 &&
+        now - write_started_ > options_.write_timeout) {
+      auto stalled = std::chrono::duration_cast<std::chrono::milliseconds>(now - write_started_);
+      return fail(Status(ErrorCode::kPeerLost,
+                         peer_ + " has not read for " + std::to_string(stalled.count()) + " ms (" +
+                             std::to_string(queue_.size()) + " frames wait for it)"));
+    }
     if (!writing_ && !write_failed_ && now - last_tx_ >= options_.heartbeat_interval) {
       wire::Control hb;
       hb.mutable_heartbeat()->set_sequence(++heartbeat_seq_);
@@ -391,6 +416,8 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
   bool closed_ = false;
   Status close_reason_;
   std::optional<Status> write_failed_;  // set by drain_then_fail
+  Clock::time_point write_started_;     // of the frame being written
+  size_t queued_control_bytes_ = 0;     // owned bytes of the frames in queue_
   asio::steady_timer drain_timer_;
   bool paused_ = false;
 

@@ -38,6 +38,27 @@ class RawPeer {
     asio::connect(socket_, resolver.resolve(hp->host, std::to_string(hp->port)));
   }
   void send(const void* data, size_t n) { asio::write(socket_, asio::buffer(data, n)); }
+  // Sends one frame without blocking past `deadline`; false once the
+  // reducer has closed the stream (or the deadline passed with it full).
+  bool try_send_frame(const FrameHeader& h, const std::string& payload,
+                      std::chrono::steady_clock::time_point deadline) {
+    auto bytes = encode_header(h);
+    std::string frame(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+    frame += payload;
+    socket_.non_blocking(true);
+    size_t sent = 0;
+    while (sent < frame.size()) {
+      boost::system::error_code ec;
+      sent += socket_.write_some(asio::buffer(frame.data() + sent, frame.size() - sent), ec);
+      if (ec == asio::error::would_block) {
+        if (std::chrono::steady_clock::now() > deadline) return false;
+        std::this_thread::sleep_for(5ms);
+        continue;
+      }
+      if (ec) return false;
+    }
+    return true;
+  }
   void send_frame(const FrameHeader& h, const std::string& payload) {
     auto bytes = encode_header(h);
     send(bytes.data(), bytes.size());
@@ -301,6 +322,38 @@ TEST(Fault, AcceptBacksOffWhenOutOfDescriptors) {
     EXPECT_TRUE(contains(log, "Too many open files")) << log.substr(0, 4000);
   }
   expect_allreduce_works(*cluster, 2, "after-emfile");
+}
+
+// A peer that sends but never reads: a world-1 job whose contributions
+// complete at once, so results pile up unread until the job's buffers are
+// all waiting to be written and the reducer stops reading too. The write
+// deadline closes the stream (before, it stayed paused for ever, holding
+// the job's buffers), and the reducer serves everyone else.
+TEST(Fault, APeerThatDoesNotReadIsCutOff) {
+  PoolSpec spec;
+  spec.reducer_args.insert(spec.reducer_args.end(),
+                           {"--peer-timeout-ms", "1000", "--heartbeat-ms", "100"});
+  TestCluster cluster(spec);
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  const std::string job = unique_job("no-reader");
+  RawPeer peer(cluster.addresses()[0]);
+  peer.send_control(hello(job, 0, 1));
+  const std::string payload(4096, '\0');
+  bool cut = false;
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  for (uint64_t op = 0; !cut && std::chrono::steady_clock::now() < deadline; ++op) {
+    FrameHeader c;
+    c.kind = FrameKind::kContribution;
+    c.job = job_id(job);
+    c.op = op;
+    c.count = 1024;
+    c.length = payload.size();
+    cut = !peer.try_send_frame(c, payload, deadline);
+  }
+  EXPECT_TRUE(cut) << "the reducer kept a stream that never reads";
+  EXPECT_TRUE(eventually([&] { return contains(cluster.reducer_log(0), "has not read for"); }, 10s))
+      << cluster.reducer_log(0);
+  expect_allreduce_works(cluster, 2, "after-no-reader");
 }
 
 // At --max-connections open streams, the next one is closed at once, and

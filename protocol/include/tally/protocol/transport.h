@@ -85,6 +85,11 @@ struct ConnectionOptions {
   std::chrono::milliseconds heartbeat_interval{1000};
   // A stream that delivers nothing for this long while being read is dead.
   std::chrono::milliseconds peer_timeout{10000};
+  // A frame whose write has not completed this long after it began means a
+  // peer that does not read: the stream is closed (0: no deadline). The
+  // reducer sets it on the streams it accepts, whose peers always read;
+  // not where the peer may hold its reads back for longer (back-pressure).
+  std::chrono::milliseconds write_timeout{0};
 };
 
 class Connection {
