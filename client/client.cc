@@ -48,12 +48,10 @@ void Client::Impl::pump(ShardLink& link) {
   // (its ingress budget); one chunk may always be in flight, so a piece
   // larger than the byte window still moves.
   while (link.inflight < link.window && !link.queue.empty() && !link.closed()) {
-    const auto& [next, next_index] = link.queue.front();
-    const uint64_t next_bytes = next->plan->chunk(next_index).length;
-    if (link.inflight > 0 && link.inflight_bytes + next_bytes > link.window_bytes) break;
     auto [op, index] = link.queue.front();
-    link.queue.pop_front();
     const ChunkExtent e = op->plan->chunk(index);
+    if (link.inflight > 0 && link.inflight_bytes + e.length > link.window_bytes) break;
+    link.queue.pop_front();
     FrameHeader h;
     h.kind = FrameKind::kContribution;
     h.dtype = op->dtype;

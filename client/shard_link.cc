@@ -196,9 +196,9 @@ void ShardLink::on_data(const FrameHeader& h, std::span<std::byte>) {
   op->got[h.chunk] = 1;
   op->results++;
   op->unanswered[shard_]--;
-  op->unanswered_bytes[shard_] -= h.length;
+  op->unanswered_bytes[shard_] -= extent.length;
   inflight--;
-  inflight_bytes -= h.length;
+  inflight_bytes -= extent.length;
   client_.pump(*this);
   client_.maybe_finish(op);
 }
