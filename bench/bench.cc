@@ -28,7 +28,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <iostream>
 #include <thread>
 
 #include "compare.h"
@@ -163,12 +162,11 @@ int run_phase(const Phase& phase, const PhaseOptions& options) {
     procs.push_back(std::move(*p));
   }
   int result = 0;
-  const WaitAll waited = wait_all(procs, options.deadline, &g_stop);
-  if (!phase.stdout_path.empty()) {
-    std::ifstream in(phase.stdout_path);
-    std::cout << in.rdbuf();
-    std::cout.flush();
-  }
+  // Rank 0's table, shown as it comes when it also goes to a file.
+  FileEcho echo(phase.stdout_path);
+  const WaitAll waited = wait_all(procs, options.deadline, &g_stop, [&] {
+    if (!phase.stdout_path.empty()) echo.poll();
+  });
   if (waited.stopped) {
     spdlog::error("interrupted; stopping the workers");
     return 1;

@@ -52,10 +52,9 @@ PeerResult finish(const std::string& peer, std::vector<Process>& procs, const Pe
                   const std::string& out_path, const std::string& err_path) {
   PeerResult result;
   result.peer = peer;
-  const WaitAll waited = wait_all(procs, ctx.deadline, &g_stop);
+  FileEcho echo(out_path);
+  const WaitAll waited = wait_all(procs, ctx.deadline, &g_stop, [&] { echo.poll(); });
   const std::string out = read_text(out_path);
-  std::fputs(out.c_str(), stdout);
-  std::fflush(stdout);
   if (waited.stopped) {
     result.unavailable = "interrupted";
   } else if (waited.timed_out) {

@@ -126,7 +126,7 @@ int Process::terminate(std::chrono::milliseconds grace) {
 }
 
 WaitAll wait_all(std::vector<Process>& processes, std::chrono::steady_clock::time_point deadline,
-                 const volatile int* stop) {
+                 const volatile int* stop, const std::function<void()>& tick) {
   WaitAll result;
   std::vector<bool> finished(processes.size(), false);
   size_t left = processes.size();
@@ -151,9 +151,11 @@ WaitAll wait_all(std::vector<Process>& processes, std::chrono::steady_clock::tim
       for (auto& p : processes) p.terminate(std::chrono::milliseconds(2000));
       break;
     }
+    if (tick) tick();
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, std::chrono::milliseconds(10));
   }
+  if (tick) tick();
   return result;
 }
 

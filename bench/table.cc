@@ -2,6 +2,7 @@
 
 #include <cctype>
 #include <cstdio>
+#include <fstream>
 #include <sstream>
 
 namespace tally::bench {
@@ -60,6 +61,21 @@ std::vector<NamedTable> parse_tables(const std::string& text, const std::string&
   }
   flush();
   return tables;
+}
+
+const std::string& FileEcho::poll() {
+  std::ifstream in(path_, std::ios::binary);
+  if (!in) return text_;
+  in.seekg(static_cast<std::streamoff>(text_.size()));
+  std::string added((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // Whole lines only, so a row is never split between two polls.
+  const auto end = added.rfind('\n');
+  if (end == std::string::npos) return text_;
+  added.resize(end + 1);
+  std::fwrite(added.data(), 1, added.size(), stdout);
+  std::fflush(stdout);
+  text_ += added;
+  return text_;
 }
 
 std::string human_bytes(size_t b) {

@@ -5,6 +5,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -57,9 +58,10 @@ struct WaitAll {
 
 // Waits until every process has exited, or the deadline passes, or *stop
 // (if given; e.g. set by a signal handler) becomes non-zero; then
-// terminates the rest (SIGTERM, SIGKILL after 2 s).
+// terminates the rest (SIGTERM, SIGKILL after 2 s). `tick`, if set, runs
+// between polls (every 10 ms at most), and once more at the end.
 WaitAll wait_all(std::vector<Process>& processes, std::chrono::steady_clock::time_point deadline,
-                 const volatile int* stop = nullptr);
+                 const volatile int* stop = nullptr, const std::function<void()>& tick = {});
 
 // A command run to completion by run_command.
 struct CommandResult {

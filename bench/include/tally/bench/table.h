@@ -41,6 +41,20 @@ struct NamedTable {
 // such line go to a table named `first`.
 std::vector<NamedTable> parse_tables(const std::string& text, const std::string& first);
 
+// Copies what a child writes to a file onto this process's stdout as it
+// comes (the driver shows rank 0's table live while keeping it to parse).
+class FileEcho {
+ public:
+  explicit FileEcho(std::string path) : path_(std::move(path)) {}
+  // Writes the bytes added since the last call; returns all read so far.
+  const std::string& poll();
+  const std::string& text() const { return text_; }
+
+ private:
+  std::string path_;
+  std::string text_;
+};
+
 // "4KiB", "1MiB", "300B".
 std::string human_bytes(size_t bytes);
 
