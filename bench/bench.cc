@@ -20,15 +20,20 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cinttypes>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <thread>
 
+#include "compare.h"
 #include "tally/bench/local_pool.h"
 #include "tally/bench/metrics_scrape.h"
+#include "tally/bench/netlab.h"
 #include "tally/bench/pattern.h"
 #include "tally/bench/process.h"
 #include "tally/client/client.h"
@@ -47,6 +52,7 @@ struct Phase {
   std::string job;
   std::string json_path;
   std::vector<std::string> metrics;  // the reducers' HTTP host:port, for --reducer-metrics
+  std::string stdout_path;           // rank 0's table goes here (for --compare); empty: stdout
 };
 
 // What every phase of a driver run shares: the pool, how the workers are
@@ -60,7 +66,8 @@ struct PhaseOptions {
   int64_t op_timeout_ms = 60000;
   std::string fabric_provider;  // empty: the workers' default
   std::string log_level = "warn";
-  LocalPool* local = nullptr;  // the pool this driver started, if any (not owned)
+  LocalPool* local = nullptr;   // the pool this driver started, if any (not owned)
+  const Netlab* lab = nullptr;  // --netlab: worker r runs on host r (not owned)
   std::chrono::steady_clock::time_point deadline;
 };
 
@@ -145,6 +152,8 @@ int run_phase(const Phase& phase, const PhaseOptions& options) {
                 {"TALLY_TRANSPORT", phase.transport}};
     if (!options.fabric_provider.empty())
       spec.env["TALLY_FABRIC_PROVIDER"] = options.fabric_provider;
+    if (r == 0) spec.stdout_path = phase.stdout_path;
+    if (options.lab) options.lab->place(r, spec);
     auto p = Process::spawn(spec);
     if (!p) {
       spdlog::error("{}", p.status().to_string());
@@ -153,27 +162,22 @@ int run_phase(const Phase& phase, const PhaseOptions& options) {
     procs.push_back(std::move(*p));
   }
   int result = 0;
-  std::vector<bool> finished(procs.size(), false);
-  size_t left = procs.size();
-  while (left > 0) {
-    for (size_t r = 0; r < procs.size(); ++r) {
-      if (finished[r]) continue;
-      if (auto st = procs[r].wait_for(std::chrono::milliseconds(0))) {
-        finished[r] = true;
-        --left;
-        if (*st != 0) {
-          spdlog::error("worker rank {} exited with status {}", r, *st);
-          if (result == 0) result = *st == 3 ? 3 : 1;
-        }
-      }
-    }
-    if (left == 0) break;
-    if (std::chrono::steady_clock::now() > options.deadline) {
-      spdlog::error("the run passed its --timeout-s deadline; stopping the workers");
-      for (auto& p : procs) p.terminate(std::chrono::milliseconds(2000));
-      return 1;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  // Rank 0's table, shown as it comes when it also goes to a file.
+  FileEcho echo(phase.stdout_path);
+  const WaitAll waited = wait_all(procs, options.deadline, &g_stop, [&] {
+    if (!phase.stdout_path.empty()) echo.poll();
+  });
+  if (waited.stopped) {
+    spdlog::error("interrupted; stopping the workers");
+    return 1;
+  }
+  if (waited.timed_out) {
+    spdlog::error("the run passed its --timeout-s deadline; stopping the workers");
+    return 1;
+  }
+  if (!waited.ok()) {
+    spdlog::error("worker rank {} exited with status {}", waited.first_failed, waited.status);
+    result = waited.status == 3 ? 3 : 1;
   }
   // CPU per byte: what each side spent on the data it moved, whole sweep
   // (checks and warm-up included), so transports compare on equal work.
@@ -216,6 +220,9 @@ int main(int argc, char** argv) {
   int64_t timeout_s = 900;
   std::string transport_list = "tcp";
   std::string fabric_provider;
+  std::string compare_list;
+  std::string netlab_rate;
+  bool bytes_report = false;
 
   CLI::App app{"tally-bench: all-reduce bandwidth sweeps through a tally reducer pool"};
   app.add_option("-b,--minbytes", sweep.min_bytes, "smallest size")
@@ -281,6 +288,16 @@ int main(int argc, char** argv) {
   app.add_option("--job", job, "job name (default: bench-<pid>)");
   app.add_option("--log-level", log_level, "log level of bench and local reducers")
       ->capture_default_str();
+  app.add_option("--compare", compare_list,
+                 "also run the sweep with these peers (gloo, mpi) on the same workers' hosts and "
+                 "print tally's algbw over the best peer's, per size (float sum only)");
+  app.add_option("--netlab", netlab_rate,
+                 "root only: run every worker, reducer and peer rank in its own network namespace "
+                 "behind one bridge, each host's link capped both ways at this rate (tc htb, e.g. "
+                 "1gbit), and print each link's drops");
+  app.add_flag("--bytes", bytes_report,
+               "also print the payload bytes per op at each reducer, from their /metrics (local "
+               "pool; with --pool, --metrics implies it)");
   app.add_flag("--worker", worker,
                "run as one rank, configured by TALLY_* (used by the driver and by launchers)");
   CLI11_PARSE(app, argc, argv);
@@ -294,6 +311,83 @@ int main(int argc, char** argv) {
   if (worker) {
     if (app.count("--chunk-bytes") > 0) sweep.chunk_bytes = chunk_bytes;
     return run_worker(sweep);
+  }
+  // --netlab is refused before anything is made.
+  if (!netlab_rate.empty()) {
+    if (std::string why = netlab_refusal(); !why.empty()) {
+      std::fprintf(stderr, "tally-bench: %s\n", why.c_str());
+      return 2;
+    }
+    if (auto rate = parse_rate(netlab_rate); !rate) {
+      std::fprintf(stderr, "tally-bench: --netlab: %s\n", rate.status().message().c_str());
+      return 2;
+    }
+    if (!pool.empty()) {
+      std::fprintf(stderr, "tally-bench: --netlab starts its own pool in the lab; drop --pool\n");
+      return 2;
+    }
+  }
+  std::vector<std::string> peers;
+  for (std::string_view rest = compare_list; !rest.empty();) {
+    const auto comma = rest.find(',');
+    std::string name(rest.substr(0, comma));
+    const auto& known = known_peers();
+    if (std::find(known.begin(), known.end(), name) == known.end()) {
+      spdlog::error("--compare takes gloo, mpi or gloo,mpi, not '{}'", compare_list);
+      return 2;
+    }
+    peers.push_back(name);
+    if (comma == std::string_view::npos) break;
+    rest.remove_prefix(comma + 1);
+  }
+  if (!peers.empty() && (sweep.dtype != "float" || sweep.redop != "sum")) {
+    spdlog::error("--compare runs float sum only (the peers do not do -d {} -o {})", sweep.dtype,
+                  sweep.redop);
+    return 2;
+  }
+  // Ctrl-C and SIGTERM stop every wait; the children are terminated and
+  // everything made (pool, lab, scratch) is removed on the way out.
+  struct sigaction sa {};
+  sa.sa_handler = [](int) { g_stop = 1; };
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGHUP, &sa, nullptr);
+  struct Scratch {
+    std::string dir;
+    ~Scratch() {
+      std::error_code ec;
+      if (!dir.empty()) std::filesystem::remove_all(dir, ec);
+    }
+  } scratch;
+  {
+    char tmpl[] = "/tmp/tally-bench-XXXXXX";
+    if (!mkdtemp(tmpl)) {
+      spdlog::error("cannot create a temporary directory: {}", std::strerror(errno));
+      return 2;
+    }
+    scratch.dir = tmpl;
+  }
+  std::unique_ptr<Netlab> lab;
+  std::vector<std::string> roles;
+  if (!netlab_rate.empty()) {
+    for (const std::string& name : remove_stale_namespaces("tally-bench-")) {
+      spdlog::warn("removed namespace {}, left by a bench that is gone", name);
+    }
+    NetlabOptions no;
+    no.hosts = workers + reducers * groups;
+    no.rate = netlab_rate;
+    auto made = Netlab::create(no);
+    if (!made) {
+      spdlog::error("--netlab: {}", made.status().to_string());
+      return 2;
+    }
+    lab = std::move(*made);
+    for (uint32_t r = 0; r < workers; ++r) roles.push_back("worker " + std::to_string(r));
+    for (uint32_t i = 0; i < reducers * groups; ++i) {
+      roles.push_back("reducer " + std::to_string(i));
+    }
+    if (g_stop) return 130;
   }
   std::vector<std::string> transports;
   for (std::string_view rest = transport_list; !rest.empty();) {
@@ -332,6 +426,13 @@ int main(int argc, char** argv) {
     if (any_fabric) lo.extra_args.insert(lo.extra_args.end(), {"--transport", "fabric"});
     if (!fabric_provider.empty())
       lo.extra_args.insert(lo.extra_args.end(), {"--fabric-provider", fabric_provider});
+    if (lab) {
+      // Reducer i on host W + i, listening (and serving /metrics) there.
+      for (uint32_t i = 0; i < reducers * groups; ++i)
+        lo.hosts.push_back(lab->address(workers + i));
+      const Netlab* l = lab.get();
+      lo.place = [l, workers](uint32_t i, ProcessSpec& spec) { l->place(workers + i, spec); };
+    }
     auto started = LocalPool::start(lo);
     if (!started) {
       spdlog::error("cannot start the local pool: {}", started.status().to_string());
@@ -340,7 +441,8 @@ int main(int argc, char** argv) {
     local = std::move(*started);
     pool = local->pool_string();
   }
-  std::vector<std::string> metrics = local ? local->http_addresses() : std::vector<std::string>{};
+  std::vector<std::string> metrics =
+      local && bytes_report ? local->http_addresses() : std::vector<std::string>{};
   if (!metrics_list.empty()) {
     auto expanded = expand_pool_pattern(metrics_list);
     if (!expanded) {
@@ -360,22 +462,70 @@ int main(int argc, char** argv) {
   phase_options.fabric_provider = fabric_provider;
   phase_options.log_level = log_level;
   phase_options.local = local.get();
+  phase_options.lab = lab.get();
   phase_options.deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
   int result = 0;
+  std::vector<NamedTable> tally_tables;
+  auto links = [&]() -> std::vector<Netlab::LinkStats> {
+    if (!lab) return {};
+    auto stats = lab->link_stats();
+    if (!stats) spdlog::warn("cannot read the links' counters: {}", stats.status().to_string());
+    return stats ? *stats : std::vector<Netlab::LinkStats>{};
+  };
   for (const std::string& transport : transports) {
     Phase phase;
     phase.transport = transport;
     phase.job = transports.size() > 1 ? job + "-" + transport : job;
     phase.json_path = sweep.json_path;
     phase.metrics = metrics;
+    if (!peers.empty()) phase.stdout_path = scratch.dir + "/tally-" + transport + ".out";
     if (transports.size() > 1 && !phase.json_path.empty()) {
       const auto dot = phase.json_path.rfind('.');
       phase.json_path.insert(dot == std::string::npos ? phase.json_path.size() : dot,
                              "." + transport);
     }
+    const auto before = links();
     const int r = run_phase(phase, phase_options);
+    if (lab) print_link_drops("tally transport=" + transport, before, links(), roles);
+    if (!phase.stdout_path.empty()) {
+      std::ifstream in(phase.stdout_path);
+      const std::string text((std::istreambuf_iterator<char>(in)),
+                             std::istreambuf_iterator<char>());
+      for (NamedTable& t :
+           parse_tables(text, transport == "tcp" ? "tally" : "tally:" + transport)) {
+        tally_tables.push_back(std::move(t));
+      }
+    }
     if (r != 0 && result == 0) result = r;
     if (r == 1 || r == 2) break;  // a failed run, not wrong numbers: stop here
   }
+  if (!peers.empty() && (result == 0 || result == 3) && !g_stop) {
+    // The tally pool sits idle (its CPU is not in the peers' way).
+    std::vector<PeerResult> results;
+    PeerContext ctx;
+    ctx.sweep = sweep;
+    ctx.workers = workers;
+    ctx.lab = lab.get();
+    ctx.dir = scratch.dir;
+    ctx.deadline = phase_options.deadline;
+    for (const std::string& peer : peers) {
+      const auto before = links();
+      results.push_back(run_peer(peer, ctx));
+      if (lab && results.back().unavailable.empty()) print_link_drops(peer, before, links(), roles);
+      if (g_stop) break;
+    }
+    const std::string where =
+        lab ? "--netlab " + netlab_rate + " (every process on its own host, links capped both ways)"
+            : "loopback";
+    print_comparison(tally_tables, results, workers, where);
+  }
+  local.reset();  // the reducers exit before their namespaces go
+  if (lab) {
+    if (Status st = lab->remove(); !st) {
+      spdlog::error("removing the lab: {}", st.to_string());
+      if (result == 0) result = 1;
+    }
+  }
+  if (g_stop) return 130;
   return result;
 }

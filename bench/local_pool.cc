@@ -39,7 +39,8 @@ Result<std::unique_ptr<LocalPool>> LocalPool::start(const LocalPoolOptions& opti
     ProcessSpec spec;
     spec.path = binary;
     ready_files.push_back(pool->dir_ + "/ready-" + std::to_string(i));
-    spec.args = {"--listen",     "127.0.0.1:0",
+    const std::string host = i < options.hosts.size() ? options.hosts[i] : "127.0.0.1";
+    spec.args = {"--listen",     host + ":0",
                  "--shard",      std::to_string(i % options.shards),
                  "--shards",     std::to_string(options.shards),
                  "--ready-file", ready_files.back()};
@@ -49,11 +50,12 @@ Result<std::unique_ptr<LocalPool>> LocalPool::start(const LocalPoolOptions& opti
                         std::to_string(options.groups), "--pool", "@" + pool_file});
     }
     if (options.stats) spec.args.insert(spec.args.end(), {"--stats-file", pool->stats_path(i)});
-    if (options.http) spec.args.insert(spec.args.end(), {"--http-listen", "127.0.0.1:0"});
+    if (options.http) spec.args.insert(spec.args.end(), {"--http-listen", host + ":0"});
     spec.args.insert(spec.args.end(), options.extra_args.begin(), options.extra_args.end());
     if (!options.log_dir.empty()) {
       spec.stderr_path = options.log_dir + "/reducer-" + std::to_string(i) + ".log";
     }
+    if (options.place) options.place(i, spec);
     auto p = Process::spawn(spec);
     if (!p) return p.status();
     pool->processes_.push_back(std::move(*p));

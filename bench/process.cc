@@ -42,7 +42,9 @@ Result<Process> Process::spawn(const ProcessSpec& spec) {
     posix_spawn_file_actions_addopen(&actions, 1, spec.stdout_path.c_str(),
                                      O_WRONLY | O_CREAT | O_TRUNC, 0644);
   }
-  if (!spec.stderr_path.empty()) {
+  if (spec.stderr_to_stdout) {
+    posix_spawn_file_actions_adddup2(&actions, 1, 2);
+  } else if (!spec.stderr_path.empty()) {
     posix_spawn_file_actions_addopen(&actions, 2, spec.stderr_path.c_str(),
                                      O_WRONLY | O_CREAT | O_TRUNC, 0644);
   }
@@ -121,6 +123,71 @@ int Process::terminate(std::chrono::milliseconds grace) {
   signal(SIGKILL);
   auto st = wait_for(std::chrono::milliseconds(10000));
   return st ? *st : -1;
+}
+
+WaitAll wait_all(std::vector<Process>& processes, std::chrono::steady_clock::time_point deadline,
+                 const volatile int* stop, const std::function<void()>& tick) {
+  WaitAll result;
+  std::vector<bool> finished(processes.size(), false);
+  size_t left = processes.size();
+  auto pause = std::chrono::milliseconds(1);
+  while (left > 0) {
+    for (size_t i = 0; i < processes.size(); ++i) {
+      if (finished[i]) continue;
+      if (auto st = processes[i].wait_for(std::chrono::milliseconds(0))) {
+        finished[i] = true;
+        --left;
+        if (*st != 0 && result.first_failed < 0) {
+          result.first_failed = static_cast<int>(i);
+          result.status = *st;
+        }
+      }
+    }
+    if (left == 0) break;
+    result.stopped = stop && *stop != 0;
+    result.timed_out = std::chrono::steady_clock::now() > deadline;
+    if (result.stopped || result.timed_out) {
+      for (auto& p : processes) p.signal(SIGTERM);
+      for (auto& p : processes) p.terminate(std::chrono::milliseconds(2000));
+      break;
+    }
+    if (tick) tick();
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::milliseconds(10));
+  }
+  if (tick) tick();
+  return result;
+}
+
+CommandResult run_command(const std::string& path, const std::vector<std::string>& args,
+                          std::chrono::milliseconds timeout) {
+  CommandResult result;
+  char tmpl[] = "/tmp/tally-command-XXXXXX";
+  const int fd = mkstemp(tmpl);
+  if (fd < 0) {
+    result.output = std::string("cannot create a temporary file: ") + std::strerror(errno);
+    return result;
+  }
+  close(fd);
+  ProcessSpec spec;
+  spec.path = path;
+  spec.args = args;
+  spec.stdout_path = tmpl;
+  spec.stderr_to_stdout = true;
+  auto p = Process::spawn(spec);
+  if (!p) {
+    unlink(tmpl);
+    result.output = p.status().to_string();
+    return result;
+  }
+  result.status = p->wait_for(timeout);
+  if (!result.status) p->terminate(std::chrono::milliseconds(0));
+  std::ifstream in(tmpl);
+  result.output.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  unlink(tmpl);
+  if (!result.status)
+    result.output += "\n(killed after " + std::to_string(timeout.count()) + " ms)";
+  return result;
 }
 
 std::optional<double> process_cpu_seconds(pid_t pid) {

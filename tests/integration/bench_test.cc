@@ -2,7 +2,10 @@
 // a 2 x 3 pool whose per-reducer bytes must match the formula, and driver
 // mode against a pool that is already running; worker mode's --chunk-bytes.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <sstream>
@@ -10,6 +13,7 @@
 #include <vector>
 
 #include "harness.h"
+#include "tally/bench/table.h"
 
 namespace tally::testing {
 namespace {
@@ -40,6 +44,9 @@ TEST(Bench, SweepPrintsTheTableWithNoWrongResults) {
   EXPECT_TRUE(contains(out, "transport=tcp W=3 S=2 G=1 chunk=64KiB")) << out;
   EXPECT_TRUE(contains(out, "algbw(GB/s)")) << out;
   EXPECT_TRUE(contains(out, "# Out of bounds values : 0 OK")) << out;
+  // The per-reducer bytes only with --bytes.
+  EXPECT_FALSE(contains(out, "Payload bytes per op")) << out;
+  EXPECT_EQ(bench::parse_rows(out).size(), 4u) << out;
   for (const char* size : {"4096", "16384", "65536", "262144"}) {
     EXPECT_TRUE(contains(out, std::string("  ") + size + " ")) << out;
   }
@@ -58,8 +65,9 @@ TEST(Bench, GroupSweepReportsBytesPerReducer) {
   const std::string& dir = tmp.path();
   bench::ProcessSpec spec;
   spec.path = TALLY_BENCH_PATH;
-  spec.args = {"-W",   "6",  "-r", "2",  "-G", "3",  "-b", "64K",           "-e",
-               "256K", "-f", "4",  "-w", "1",  "-n", "4",  "--chunk-bytes", "16K"};
+  spec.args = {"-W",     "6",  "-r", "2",  "-G", "3",  "-b", "64K",           "-e",
+               "256K",   "-f", "4",  "-w", "1",  "-n", "4",  "--chunk-bytes", "16K",
+               "--bytes"};
   spec.env = {{"TALLY_REDUCER", TALLY_REDUCER_PATH}};
   spec.stdout_path = dir + "/stdout";
   spec.stderr_path = dir + "/stderr";
@@ -169,6 +177,107 @@ TEST(Bench, WorkerModeTakesChunkBytes) {
     EXPECT_EQ(*st, 0) << out << read_file(base + ".err");
     EXPECT_TRUE(contains(out, "W=1 S=2 G=1 " + r.header)) << out;
   }
+}
+
+
+// The ratio table's lines after its "# comparison" line, split in words;
+// the first is the column header ("#" dropped).
+std::vector<std::vector<std::string>> comparison_lines(const std::string& out) {
+  std::vector<std::vector<std::string>> lines;
+  const auto at = out.find("# comparison:");
+  if (at == std::string::npos) return lines;
+  std::istringstream in(out.substr(at));
+  std::string line;
+  std::getline(in, line);  // the title
+  while (std::getline(in, line) && line != "#") {
+    std::istringstream words(line);
+    std::vector<std::string> w;
+    for (std::string word; words >> word;) {
+      if (word != "#") w.push_back(word);
+    }
+    lines.push_back(w);
+  }
+  return lines;
+}
+
+// --compare gloo,mpi: the same sweep through Gloo's three algorithms and
+// Open MPI, and a ratio table with a row per size and a column per peer.
+TEST(Bench, CompareRunsGlooAndMpiAndPrintsTheRatios) {
+  TempDir tmp;
+  ASSERT_TRUE(tmp.ok());
+  const std::string& dir = tmp.path();
+  bench::ProcessSpec spec;
+  spec.path = TALLY_BENCH_PATH;
+  spec.args = {"--compare", "gloo,mpi", "-W", "2", "-r", "2", "-b", "64K",
+               "-e",        "256K",     "-f", "4", "-w", "1", "-n", "2"};
+  spec.env = {{"TALLY_REDUCER", TALLY_REDUCER_PATH}};
+  spec.stdout_path = dir + "/stdout";
+  spec.stderr_path = dir + "/stderr";
+  auto p = bench::Process::spawn(spec);
+  ASSERT_TRUE(p) << p.status().to_string();
+  auto st = p->wait_for(90s);
+  const std::string out = read_file(dir + "/stdout");
+  ASSERT_TRUE(st.has_value());
+  EXPECT_EQ(*st, 0) << out << read_file(dir + "/stderr");
+  for (const char* peer : {"gloo", "mpi"}) {
+    const std::string missing = std::string("# ") + peer + ": unavailable: CMake did not find";
+    if (contains(out, missing)) GTEST_SKIP() << peer << " was not built: " << out;
+  }
+  EXPECT_FALSE(contains(out, "unavailable")) << out;
+  // Every table the driver parsed back: tally's and one per peer algorithm,
+  // with both sizes and no wrong element.
+  const auto tables = bench::parse_tables(out, "tally");
+  std::vector<std::string> names;
+  for (const auto& t : tables) {
+    names.push_back(t.name);
+    ASSERT_EQ(t.rows.size(), 2u) << t.name << "\n" << out;
+    for (const auto& r : t.rows) EXPECT_EQ(r.wrong, 0) << t.name << "\n" << out;
+  }
+  const std::vector<std::string> want = {"tally", "gloo:ring_chunked", "gloo:halving_doubling",
+                                         "gloo:allreduce", "mpi"};
+  EXPECT_EQ(names, want) << out;
+  const auto lines = comparison_lines(out);
+  ASSERT_EQ(lines.size(), 3u) << out;  // the header and a row per size
+  std::vector<std::string> header = want;
+  header.insert(header.begin(), "size");
+  header.insert(header.end(), {"best-peer", "tally/best"});
+  EXPECT_EQ(lines[0], header) << out;
+  const char* sizes[] = {"65536", "262144"};
+  for (size_t i = 1; i < lines.size(); ++i) {
+    const auto& row = lines[i];
+    ASSERT_EQ(row.size(), header.size()) << out;
+    EXPECT_EQ(row[0], sizes[i - 1]) << out;
+    double best = 0;
+    for (size_t c = 1; c + 1 < row.size(); ++c) {
+      const double v = std::stod(row[c]);
+      EXPECT_GT(v, 0) << header[c] << "\n" << out;
+      EXPECT_LT(v, 100) << header[c] << "\n" << out;  // GB/s on one machine
+      if (c > 1 && c + 2 < row.size()) best = std::max(best, v);
+    }
+    EXPECT_DOUBLE_EQ(std::stod(row[row.size() - 2]), best) << out;
+    const double ratio = std::stod(row.back());
+    EXPECT_EQ(row.back().back(), 'x') << out;
+    EXPECT_NEAR(ratio, std::stod(row[1]) / best, 0.01 + 0.01 * ratio) << out;
+  }
+}
+
+// --netlab is root only, and says so before making anything.
+TEST(Bench, NetlabRefusesWithoutRoot) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to drop to another user";
+  if (access("/usr/bin/setpriv", X_OK) != 0) GTEST_SKIP() << "setpriv (util-linux) is missing";
+  TempDir tmp;
+  ASSERT_TRUE(tmp.ok());
+  const std::string& dir = tmp.path();
+  chmod(dir.c_str(), 0777);
+  auto c = bench::run_command("/usr/bin/setpriv",
+                              {"--reuid=65534", "--regid=65534", "--clear-groups", TALLY_BENCH_PATH,
+                               "--netlab", "1gbit", "-W", "2", "-b", "4K", "-e", "4K"},
+                              30s);
+  ASSERT_TRUE(c.status.has_value()) << c.output;
+  EXPECT_EQ(*c.status, 2) << c.output;
+  EXPECT_TRUE(contains(c.output, "tally-bench: --netlab needs root")) << c.output;
+  EXPECT_TRUE(contains(c.output, "(euid 65534)")) << c.output;
+  EXPECT_FALSE(contains(c.output, "algbw")) << c.output;  // nothing ran
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -14,21 +15,6 @@ namespace {
 
 using namespace std::chrono_literals;
 
-std::string find_ip() {
-  for (const char* p : {"/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"}) {
-    if (access(p, X_OK) == 0) return p;
-  }
-  return "";
-}
-
-// Runs `ip args...` to completion (10 s at most).
-Command run_ip(const std::string& ip, const std::string& dir, const Args& args) {
-  Child c = spawn_child(dir, "ip", ip, args);
-  Command r;
-  r.status = c.wait(10s, &r.output);
-  return r;
-}
-
 std::string join(const Args& args) {
   std::string s;
   for (auto& a : args) s += (s.empty() ? "" : " ") + a;
@@ -37,21 +23,6 @@ std::string join(const Args& args) {
 
 constexpr const char* kNetnsPrefix = "tally-test-";
 
-// Network namespaces named "tally-test-<pid>-..." whose process is gone: the
-// leftovers of a test that could not clean up (killed, crashed).
-void remove_stale_namespaces(const std::string& ip, const std::string& dir) {
-  Command list = run_ip(ip, dir, {"netns", "list"});
-  std::istringstream lines(list.output);
-  std::string line;
-  while (std::getline(lines, line)) {
-    const std::string name = line.substr(0, line.find(' '));
-    if (name.rfind(kNetnsPrefix, 0) != 0) continue;
-    const std::string rest = name.substr(std::string(kNetnsPrefix).size());
-    const pid_t pid = static_cast<pid_t>(std::atoi(rest.c_str()));
-    if (pid > 0 && kill(pid, 0) != 0 && errno == ESRCH) run_ip(ip, dir, {"netns", "delete", name});
-  }
-}
-
 }  // namespace
 
 std::unique_ptr<NetnsPair> NetnsPair::create(std::string* skip, std::string* error) {
@@ -59,17 +30,16 @@ std::unique_ptr<NetnsPair> NetnsPair::create(std::string* skip, std::string* err
     *skip = "needs root to create network namespaces (euid " + std::to_string(geteuid()) + ")";
     return nullptr;
   }
-  const std::string ip = find_ip();
-  if (ip.empty()) {
+  if (bench::find_ip().empty()) {
     *skip = "iproute2's ip is not installed (deploy/dev.sh installs it)";
     return nullptr;
   }
-  std::unique_ptr<NetnsPair> net(new NetnsPair(ip));
+  std::unique_ptr<NetnsPair> net(new NetnsPair());
   if (!net->dir_.ok()) {
     *error = "cannot create a temporary directory";
     return nullptr;
   }
-  remove_stale_namespaces(ip, net->dir_.path());
+  bench::remove_stale_namespaces(kNetnsPrefix);
   static int seq = 0;
   const std::string base = kNetnsPrefix + std::to_string(getpid()) + "-" + std::to_string(seq++);
   net->ns_a_ = base + "-a";
@@ -119,13 +89,13 @@ NetnsPair::~NetnsPair() {
   }
 }
 
-Command NetnsPair::ip(const Args& args) const { return run_ip(ip_, dir_.path(), args); }
+Command NetnsPair::ip(const Args& args) const { return bench::run_ip(args); }
 
 Child NetnsPair::spawn_in(const std::string& ns, const std::string& name, const std::string& path,
                           const Args& args, const Env& env) const {
   Args full{"netns", "exec", ns, path};
   full.insert(full.end(), args.begin(), args.end());
-  return spawn_child(dir_.path(), name, ip_, full, env);
+  return spawn_child(dir_.path(), name, bench::find_ip(), full, env);
 }
 
 Command NetnsPair::set_link_b(bool up) const {
@@ -133,14 +103,8 @@ Command NetnsPair::set_link_b(bool up) const {
 }
 
 bool NetnsPair::listed(const std::string& ns) {
-  TempDir dir;
-  Command list = run_ip(find_ip(), dir.path(), {"netns", "list"});
-  std::istringstream lines(list.output);
-  std::string line;
-  while (std::getline(lines, line)) {
-    if (line.substr(0, line.find(' ')) == ns) return true;
-  }
-  return false;
+  const auto names = bench::netns_list();
+  return std::find(names.begin(), names.end(), ns) != names.end();
 }
 
 }  // namespace tally::testing

@@ -10,14 +10,12 @@
 #include <vector>
 
 #include "harness.h"
+#include "tally/bench/netlab.h"
 
 namespace tally::testing {
 
-struct Command {
-  std::optional<int> status;  // nullopt: killed at the deadline
-  std::string output;         // stdout and stderr
-  bool ok() const { return status == 0; }
-};
+// The helpers are tally-bench's (tally/bench/netlab.h), shared with --netlab.
+using Command = bench::CommandResult;
 
 // Two namespaces, a and b, joined by a veth pair with 10.231.<n>.1/24 in a
 // and .2/24 in b, links (and loopback) up. Everything is removed on
@@ -53,9 +51,8 @@ class NetnsPair {
   static bool listed(const std::string& ns);
 
  private:
-  explicit NetnsPair(std::string ip) : ip_(std::move(ip)) {}
+  NetnsPair() = default;
 
-  std::string ip_;
   TempDir dir_;
   std::string ns_a_, ns_b_, veth_a_, veth_b_, ip_a_, ip_b_;
   std::vector<std::string> created_;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -24,6 +25,11 @@ struct LocalPoolOptions {
   std::vector<std::string> extra_args;  // passed to every reducer
   std::string log_dir;  // reducer stderr goes to log_dir/reducer-<index>.log; empty: inherit
   std::chrono::milliseconds start_timeout{15000};
+  // Reducer i listens (and serves HTTP) on hosts[i]; empty: 127.0.0.1.
+  std::vector<std::string> hosts;
+  // If set, called on each reducer's spec before it starts (e.g. to run it
+  // inside a network namespace: Netlab::place).
+  std::function<void(uint32_t index, ProcessSpec& spec)> place;
 };
 
 class LocalPool {

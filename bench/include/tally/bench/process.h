@@ -5,6 +5,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -20,6 +21,7 @@ struct ProcessSpec {
   std::map<std::string, std::string> env;  // added to (or replacing in) this process's environment
   std::string stdout_path;                 // empty: inherit
   std::string stderr_path;                 // empty: inherit
+  bool stderr_to_stdout = false;           // stderr joins stdout (stderr_path unused)
 };
 
 class Process {
@@ -44,6 +46,34 @@ class Process {
   pid_t pid_ = -1;
   std::optional<int> status_;
 };
+
+// What wait_all saw.
+struct WaitAll {
+  int first_failed = -1;   // index of the first process to exit non-zero, or -1
+  int status = 0;          // its exit status
+  bool timed_out = false;  // the deadline passed (every process was terminated)
+  bool stopped = false;    // *stop became non-zero (every process was terminated)
+  bool ok() const { return first_failed < 0 && !timed_out && !stopped; }
+};
+
+// Waits until every process has exited, or the deadline passes, or *stop
+// (if given; e.g. set by a signal handler) becomes non-zero; then
+// terminates the rest (SIGTERM, SIGKILL after 2 s). `tick`, if set, runs
+// between polls (every 10 ms at most), and once more at the end.
+WaitAll wait_all(std::vector<Process>& processes, std::chrono::steady_clock::time_point deadline,
+                 const volatile int* stop = nullptr, const std::function<void()>& tick = {});
+
+// A command run to completion by run_command.
+struct CommandResult {
+  std::optional<int> status;  // nullopt: killed at the deadline, or could not start
+  std::string output;         // stdout and stderr together
+  bool ok() const { return status == 0; }
+};
+
+// Runs `path args...` to completion, at most `timeout` (then SIGKILL), and
+// returns its exit status and output.
+CommandResult run_command(const std::string& path, const std::vector<std::string>& args,
+                          std::chrono::milliseconds timeout = std::chrono::milliseconds(10000));
 
 // User plus system CPU seconds a live process has used so far (from
 // /proc/<pid>/stat), or nullopt when it cannot be read.
