@@ -9,7 +9,9 @@ namespace tally {
 uint64_t max_piece_elements(uint64_t max_chunk_bytes, DType dtype) {
   const uint64_t esize = dtype_size(dtype);
   TALLY_CHECK(esize > 0);
-  return std::max<uint64_t>(1, max_chunk_bytes / esize);
+  // 16-bit types are summed in float32 accumulators (kernels.h), 4 bytes of
+  // slab per element.
+  return std::max<uint64_t>(1, max_chunk_bytes / (esize == 2 ? 4 : esize));
 }
 
 ChunkPlan::ChunkPlan(uint64_t nbytes, DType dtype, uint32_t shards, const PlanSettings& settings)

@@ -64,12 +64,6 @@ std::optional<RedOp> parse_redop(std::string_view name) {
   return std::nullopt;
 }
 
-uint64_t max_piece_elements(uint64_t max_chunk_bytes, DType dtype) {
-  const size_t esize = dtype_size(dtype);
-  if (esize == 0) return 0;
-  return max_chunk_bytes / (esize == 2 ? 4 : esize);
-}
-
 bool is_known_dtype(uint8_t raw) { return raw >= 1 && raw <= 6; }
 bool is_known_redop(uint8_t raw) { return raw >= 1 && raw <= 2; }
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "tally.pb.h"
+#include "tally/protocol/chunking.h"
 #include "tally/protocol/control.h"
 #include "tally/protocol/groups.h"
 #include "tally/reducer/kernels.h"

@@ -179,7 +179,6 @@ TEST(Bench, WorkerModeTakesChunkBytes) {
   }
 }
 
-
 // The ratio table's lines after its "# comparison" line, split in words;
 // the first is the column header ("#" dropped).
 std::vector<std::vector<std::string>> comparison_lines(const std::string& out) {

@@ -30,12 +30,6 @@ std::optional<DType> parse_dtype(std::string_view name);
 std::string_view redop_name(RedOp op);  // "sum", "avg"
 std::optional<RedOp> parse_redop(std::string_view name);
 
-// The most elements of `dtype` one chunk (piece) may hold on a reducer whose
-// chunk buffers are `max_chunk_bytes`: 16-bit types are summed in float32
-// accumulators, 4 bytes per element (reducer/kernels.h), so max_chunk_bytes / 4
-// for them and max_chunk_bytes / dtype_size otherwise; 0 for an unknown dtype.
-uint64_t max_piece_elements(uint64_t max_chunk_bytes, DType dtype);
-
 bool is_known_dtype(uint8_t raw);
 bool is_known_redop(uint8_t raw);
 
