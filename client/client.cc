@@ -403,7 +403,8 @@ Result<std::shared_ptr<Op>> Client::Impl::make_op(void* data, size_t count, DTyp
                       " (TALLY_CHUNK_BYTES) holds " + std::to_string(options.chunk_bytes / esize) +
                       " " + std::string(dtype_name(dtype)) +
                       " elements; the reducers take at most " +
-                      std::to_string(max_piece_elements(plan_settings.max_chunk_bytes, dtype)));
+                      std::to_string(max_piece_elements(plan_settings.max_chunk_bytes, dtype)) +
+                      (esize == 2 ? " (16-bit types accumulate in float32 there)" : ""));
   }
   if (op->plan->chunk_count() > std::numeric_limits<uint32_t>::max()) {
     return Status(ErrorCode::kInvalidArgument,

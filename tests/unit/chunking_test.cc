@@ -25,8 +25,7 @@ struct PlanCase {
   uint64_t chunk_bytes;  // 0: automatic
 };
 
-std::string plan_name(const ::testing::TestParamInfo<PlanCase>& info) {
-  const auto& c = info.param;
+std::string plan_name(const PlanCase& c) {
   return c.label + "_" + std::to_string(c.nbytes) + "B_e" + std::to_string(dtype_size(c.dtype)) +
          "_S" + std::to_string(c.shards) +
          (c.chunk_bytes ? "_c" + std::to_string(c.chunk_bytes) : "_auto");
@@ -64,10 +63,9 @@ PlanSettings settings_for(const PlanCase& c) {
   return s;
 }
 
-class ChunkPlanTest : public ::testing::TestWithParam<PlanCase> {};
-
-TEST_P(ChunkPlanTest, ChunksTileTheTensorInContiguousShardRanges) {
-  const PlanCase& c = GetParam();
+// Every case of plan_cases() runs in one test (one process): as 1,404
+// separate CTest entries they cost minutes of process start-up per build.
+void check_tiles(const PlanCase& c) {
   const uint64_t e = dtype_size(c.dtype);
   const ChunkPlan plan(c.nbytes, c.dtype, c.shards, settings_for(c));
   const uint64_t elements = c.nbytes / e;
@@ -129,10 +127,9 @@ TEST_P(ChunkPlanTest, ChunksTileTheTensorInContiguousShardRanges) {
   }
 }
 
-TEST_P(ChunkPlanTest, EveryRankComputesTheSamePlan) {
-  // The plan depends on its inputs only: built again (another rank) and
-  // asked in another order (as a retransmit would), it gives the same chunks.
-  const PlanCase& c = GetParam();
+// The plan depends on its inputs only: built again (another rank) and
+// asked in another order (as a retransmit would), it gives the same chunks.
+void check_same_plan(const PlanCase& c) {
   const ChunkPlan a(c.nbytes, c.dtype, c.shards, settings_for(c));
   const ChunkPlan b(c.nbytes, c.dtype, c.shards, settings_for(c));
   ASSERT_EQ(a.chunk_count(), b.chunk_count());
@@ -144,8 +141,21 @@ TEST_P(ChunkPlanTest, EveryRankComputesTheSamePlan) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(SizesAndShards, ChunkPlanTest, ::testing::ValuesIn(plan_cases()),
-                         plan_name);
+TEST(ChunkPlan, ChunksTileTheTensorInContiguousShardRanges) {
+  for (const PlanCase& c : plan_cases()) {
+    SCOPED_TRACE(plan_name(c));
+    check_tiles(c);
+    if (HasFailure()) return;
+  }
+}
+
+TEST(ChunkPlan, EveryRankComputesTheSamePlan) {
+  for (const PlanCase& c : plan_cases()) {
+    SCOPED_TRACE(plan_name(c));
+    check_same_plan(c);
+    if (HasFailure()) return;
+  }
+}
 
 TEST(ChunkPlan, EmptyTensorHasNoChunks) {
   for (uint32_t shards = 1; shards <= 5; ++shards) {

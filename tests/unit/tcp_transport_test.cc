@@ -62,6 +62,7 @@ FrameHeader data_header(uint64_t op, uint32_t chunk, size_t length) {
   h.kind = FrameKind::kContribution;
   h.op = op;
   h.chunk = chunk;
+  h.chunks_on_shard = chunk + 1;
   h.length = length;
   h.dtype = DType::kFloat32;
   h.redop = RedOp::kSum;
