@@ -16,6 +16,7 @@
 #include <spdlog/spdlog.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -37,6 +38,7 @@
 #include "tally/bench/pattern.h"
 #include "tally/bench/process.h"
 #include "tally/client/client.h"
+#include "tally/protocol/auth.h"
 #include "tally/protocol/chunking.h"
 #include "tally/protocol/groups.h"
 #include "tally/protocol/pool.h"
@@ -68,6 +70,7 @@ struct PhaseOptions {
   std::string log_level = "warn";
   LocalPool* local = nullptr;   // the pool this driver started, if any (not owned)
   const Netlab* lab = nullptr;  // --netlab: worker r runs on host r (not owned)
+  std::string secret_file;      // the local pool's job secret (TALLY_SECRET_FILE), if any
   std::chrono::steady_clock::time_point deadline;
 };
 
@@ -152,6 +155,7 @@ int run_phase(const Phase& phase, const PhaseOptions& options) {
                 {"TALLY_TRANSPORT", phase.transport}};
     if (!options.fabric_provider.empty())
       spec.env["TALLY_FABRIC_PROVIDER"] = options.fabric_provider;
+    if (!options.secret_file.empty()) spec.env["TALLY_SECRET_FILE"] = options.secret_file;
     if (r == 0) spec.stdout_path = phase.stdout_path;
     if (options.lab) options.lab->place(r, spec);
     auto p = Process::spawn(spec);
@@ -405,7 +409,21 @@ int main(int argc, char** argv) {
       std::find(transports.begin(), transports.end(), "fabric") != transports.end();
 
   std::unique_ptr<LocalPool> local;
+  std::string secret_file;
   if (pool.empty()) {
+    // The local pool runs as a pool should: jobs authenticate with a job
+    // secret made for this run (the handshake is timed outside the sweep).
+    secret_file = scratch.dir + "/job.secret";
+    {
+      std::string hex;
+      for (unsigned char c : make_nonce()) {
+        static const char* digits = "0123456789abcdef";
+        hex += digits[c >> 4];
+        hex += digits[c & 15];
+      }
+      std::ofstream(secret_file) << hex << "\n";
+      chmod(secret_file.c_str(), 0600);
+    }
     LocalPoolOptions lo;
     lo.shards = reducers;
     lo.groups = groups;
@@ -421,7 +439,9 @@ int main(int argc, char** argv) {
     lo.extra_args = {"--io-threads",      std::to_string(io_threads),
                      "--memory-budget",   std::to_string(budget),
                      "--log-level",       log_level,
-                     "--max-chunk-bytes", std::to_string(max_chunk)};
+                     "--max-chunk-bytes", std::to_string(max_chunk),
+                     "--job-secret-file", secret_file,
+                     "--require-auth"};
     // A fabric pool serves tcp workers too: one pool for a side-by-side run.
     if (any_fabric) lo.extra_args.insert(lo.extra_args.end(), {"--transport", "fabric"});
     if (!fabric_provider.empty())
@@ -463,6 +483,7 @@ int main(int argc, char** argv) {
   phase_options.log_level = log_level;
   phase_options.local = local.get();
   phase_options.lab = lab.get();
+  phase_options.secret_file = secret_file;
   phase_options.deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
   int result = 0;
   std::vector<NamedTable> tally_tables;
