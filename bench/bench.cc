@@ -71,6 +71,7 @@ struct PhaseOptions {
   LocalPool* local = nullptr;   // the pool this driver started, if any (not owned)
   const Netlab* lab = nullptr;  // --netlab: worker r runs on host r (not owned)
   std::string secret_file;      // the local pool's job secret (TALLY_SECRET_FILE), if any
+  std::string tcp_congestion;   // TALLY_TCP_CONGESTION for the workers, if set
   std::chrono::steady_clock::time_point deadline;
 };
 
@@ -156,6 +157,7 @@ int run_phase(const Phase& phase, const PhaseOptions& options) {
     if (!options.fabric_provider.empty())
       spec.env["TALLY_FABRIC_PROVIDER"] = options.fabric_provider;
     if (!options.secret_file.empty()) spec.env["TALLY_SECRET_FILE"] = options.secret_file;
+    if (!options.tcp_congestion.empty()) spec.env["TALLY_TCP_CONGESTION"] = options.tcp_congestion;
     if (r == 0) spec.stdout_path = phase.stdout_path;
     if (options.lab) options.lab->place(r, spec);
     auto p = Process::spawn(spec);
@@ -284,6 +286,10 @@ int main(int argc, char** argv) {
   app.add_option("--op-timeout-ms", op_timeout_ms, "reducers fail an op not complete by then")
       ->capture_default_str();
   app.add_option("--timeout-s", timeout_s, "the whole run's deadline")->capture_default_str();
+  std::string tcp_congestion;
+  app.add_option("--tcp-congestion", tcp_congestion,
+                 "TCP congestion control of tally's streams, local reducers' and workers' (e.g. "
+                 "cubic; default: the system's). The peers keep the system's");
   app.add_option("--transport", transport_list,
                  "tcp, fabric, or tcp,fabric to run both side by side against one pool")
       ->capture_default_str();
@@ -442,6 +448,9 @@ int main(int argc, char** argv) {
                      "--max-chunk-bytes", std::to_string(max_chunk),
                      "--job-secret-file", secret_file,
                      "--require-auth"};
+    if (!tcp_congestion.empty()) {
+      lo.extra_args.insert(lo.extra_args.end(), {"--tcp-congestion", tcp_congestion});
+    }
     // A fabric pool serves tcp workers too: one pool for a side-by-side run.
     if (any_fabric) lo.extra_args.insert(lo.extra_args.end(), {"--transport", "fabric"});
     if (!fabric_provider.empty())
@@ -484,6 +493,7 @@ int main(int argc, char** argv) {
   phase_options.local = local.get();
   phase_options.lab = lab.get();
   phase_options.secret_file = secret_file;
+  phase_options.tcp_congestion = tcp_congestion;
   phase_options.deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
   int result = 0;
   std::vector<NamedTable> tally_tables;

@@ -248,6 +248,9 @@ Status validate(const ClientOptions& o) {
     return bad("transport must be 'tcp' or 'fabric', not '" + o.transport + "'");
   }
   if (o.transport == "fabric" && o.fabric.provider.empty()) return bad("fabric provider is empty");
+  if (Status s = check_congestion_control(o.tcp_congestion); !s.is_ok()) {
+    return s.with_context("TALLY_TCP_CONGESTION");
+  }
   return Status::ok();
 }
 

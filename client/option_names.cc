@@ -51,6 +51,7 @@ const std::vector<std::string_view>& client_option_names() {
       "TALLY_GROUP_SIZES", "TALLY_CHUNK_BYTES", "TALLY_OP_TIMEOUT_MS", "TALLY_CONNECT_TIMEOUT_MS",
       "TALLY_HEARTBEAT_MS", "TALLY_PEER_TIMEOUT_MS", "TALLY_TRANSPORT", "FI_PROVIDER",
       "TALLY_FABRIC_PROVIDER", "TALLY_FABRIC_FORCE_REGISTRATION", "TALLY_FABRIC_MAX_MSG_BYTES",
+      "TALLY_TCP_CONGESTION",
       // The file, when both are set, wins.
       "TALLY_SECRET", "TALLY_SECRET_FILE"};
   return names;
@@ -130,6 +131,10 @@ Status set_client_option(ClientOptions& o, std::string_view name, std::string_vi
   }
   if (name == "TALLY_FABRIC_MAX_MSG_BYTES") {
     return number(kU64, [&](uint64_t v) { o.fabric.max_msg_bytes = v; });
+  }
+  if (name == "TALLY_TCP_CONGESTION") {
+    o.tcp_congestion = std::string(value);
+    return Status::ok();
   }
   // The secret's value never appears in an error.
   if (name == "TALLY_SECRET") {

@@ -124,6 +124,7 @@ void ShardLink::on_connected(Result<asio::ip::tcp::socket> r, Clock::time_point 
   copts.max_data_bytes = kMaxChunkBytesLimit;
   copts.heartbeat_interval = client_.options.heartbeat_interval;
   copts.peer_timeout = client_.options.peer_timeout;
+  copts.congestion_control = client_.options.tcp_congestion;
   conn_ = make_connection(client_.fabric, std::move(*r), copts);
   conn_->start(shared_from_this());
   wire::Control hello;

@@ -130,6 +130,9 @@ int main(int argc, char** argv) {
   app.add_flag("--require-auth", options.require_auth,
                "refuse workers that do not authenticate with the job secret")
       ->envname("TALLY_REQUIRE_AUTH");
+  app.add_option("--tcp-congestion", options.connection.congestion_control,
+                 "TCP congestion control of every stream (e.g. cubic; default: the system's)")
+      ->envname("TALLY_TCP_CONGESTION");
   app.add_option("--max-connections", options.max_connections,
                  "open streams at most; more are closed as they are accepted")
       ->envname("TALLY_MAX_CONNECTIONS")

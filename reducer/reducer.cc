@@ -348,6 +348,8 @@ Status check_options(const ReducerOptions& options) {
 
 Result<std::unique_ptr<Reducer>> Reducer::start(const ReducerOptions& options) {
   TALLY_RETURN_IF_ERROR(check_options(options));
+  TALLY_RETURN_IF_ERROR(check_congestion_control(options.connection.congestion_control)
+                            .with_context("--tcp-congestion"));
   auto impl = std::make_shared<Impl>();
   impl->context->options = options;
   if (options.transport == "fabric") {

@@ -1,6 +1,10 @@
 #include "tally/protocol/tcp_transport.h"
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <spdlog/spdlog.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -10,7 +14,9 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/write.hpp>
 #include <cerrno>
+#include <cstring>
 #include <deque>
+#include <fstream>
 #include <limits>
 #include <optional>
 #include <unordered_map>
@@ -78,6 +84,11 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
     auto ep = socket_.remote_endpoint(ec);
     peer_ = ec ? std::string("unknown-peer") : endpoint_string(ep);
     socket_.set_option(tcp::no_delay(true), ec);
+    if (!options_.congestion_control.empty()) {
+      // Checked when the option was set; a refusal now keeps the default.
+      ::setsockopt(socket_.native_handle(), IPPROTO_TCP, TCP_CONGESTION,
+                   options_.congestion_control.data(), options_.congestion_control.size());
+    }
     limits_.max_data_bytes = options_.max_data_bytes;
   }
 
@@ -497,6 +508,23 @@ void async_tcp_connect(asio::io_context& ctx, const HostPort& address,
               finish(std::move(st->socket));
             });
       });
+}
+
+Status check_congestion_control(const std::string& name) {
+  if (name.empty()) return Status::ok();
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return Status(ErrorCode::kUnavailable, "socket: " + std::string(strerror(errno)));
+  const int rc = ::setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name.data(), name.size());
+  const int err = errno;
+  ::close(fd);
+  if (rc == 0) return Status::ok();
+  std::string allowed;
+  if (std::ifstream in("/proc/sys/net/ipv4/tcp_allowed_congestion_control"); in) {
+    std::getline(in, allowed);
+  }
+  return Status(ErrorCode::kInvalidArgument,
+                "TCP congestion control '" + name + "' cannot be used here (" + strerror(err) +
+                    "; allowed: " + (allowed.empty() ? "?" : allowed) + ")");
 }
 
 struct TcpListener::Impl : std::enable_shared_from_this<TcpListener::Impl> {

@@ -73,6 +73,9 @@ struct ClientOptions {
   // authenticates to every reducer with it and requires each reducer to
   // prove it holds it too. Never logged, never sent.
   Secret secret;
+  // TCP congestion control of the streams to the reducers (TCP_CONGESTION,
+  // e.g. "cubic"); empty: the system's default. TALLY_TCP_CONGESTION.
+  std::string tcp_congestion;
 };
 
 // Reads TALLY_POOL (comma-separated), TALLY_JOB, TALLY_RANK,

@@ -22,6 +22,12 @@ namespace tally {
 std::shared_ptr<Connection> make_tcp_connection(boost::asio::ip::tcp::socket socket,
                                                 const ConnectionOptions& options);
 
+// Whether a TCP socket here may use congestion control `name` (the
+// kernel's tcp_available_congestion_control, and for an unprivileged
+// process tcp_allowed_congestion_control). Empty is always fine.
+// Errors: kInvalidArgument naming the algorithms that are allowed.
+Status check_congestion_control(const std::string& name);
+
 // Resolves and connects within `timeout`, trying each resolved address.
 // `done` runs on `ctx` with the socket or kUnavailable / kTimeout naming the
 // address.

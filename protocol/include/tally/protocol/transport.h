@@ -90,6 +90,10 @@ struct ConnectionOptions {
   // reducer sets it on the streams it accepts, whose peers always read;
   // not where the peer may hold its reads back for longer (back-pressure).
   std::chrono::milliseconds write_timeout{0};
+  // TCP congestion control of the stream's socket (TCP_CONGESTION), e.g.
+  // "cubic"; empty: the system's default. Checked beforehand with
+  // check_congestion_control (tcp_transport.h).
+  std::string congestion_control;
 };
 
 class Connection {
