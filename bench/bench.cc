@@ -56,7 +56,7 @@ struct PhaseOptions {
   std::string pool;  // TALLY_POOL for the workers
   uint32_t workers = 4;
   uint32_t groups = 1;
-  size_t chunk_bytes = 1u << 20;
+  size_t chunk_bytes = 0;  // 0: the automatic plan
   int64_t op_timeout_ms = 60000;
   std::string fabric_provider;  // empty: the workers' default
   std::string log_level = "warn";
@@ -207,7 +207,7 @@ int main(int argc, char** argv) {
   uint32_t reducers = 2;
   uint32_t groups = 1;
   uint32_t workers = 4;
-  size_t chunk_bytes = 1u << 20;
+  size_t chunk_bytes = 0;
   std::string job;
   std::string log_level = "warn";
   uint32_t io_threads = 2;
@@ -260,7 +260,9 @@ int main(int argc, char** argv) {
   app.add_option("-W,--workers", workers, "worker processes to start")
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));
-  app.add_option("--chunk-bytes", chunk_bytes, "chunk size")
+  app.add_option(
+         "--chunk-bytes", chunk_bytes,
+         "piece size, overriding the automatic chunk plan (TALLY_CHUNK_BYTES); 0: automatic")
       ->transform(CLI::AsSizeValue(false))
       ->capture_default_str();
   app.add_option("--io-threads", io_threads, "I/O threads per local reducer")
@@ -289,7 +291,10 @@ int main(int argc, char** argv) {
     spdlog::error("need 0 < minbytes <= maxbytes");
     return 2;
   }
-  if (worker) return run_worker(sweep);
+  if (worker) {
+    if (app.count("--chunk-bytes") > 0) sweep.chunk_bytes = chunk_bytes;
+    return run_worker(sweep);
+  }
   std::vector<std::string> transports;
   for (std::string_view rest = transport_list; !rest.empty();) {
     const auto comma = rest.find(',');

@@ -29,7 +29,8 @@ Expected expected_bytes(const ChunkPlan& plan, size_t esize, uint32_t shard, uin
     if (g == group) index = n;
     ++n;
   }
-  for (uint64_t k = shard; k < plan.chunk_count(); k += plan.shards()) {
+  const uint64_t first = plan.first_chunk(shard);
+  for (uint64_t k = first; k < first + plan.chunks_on_shard(shard); ++k) {
     const double len = static_cast<double>(plan.chunk(k).length);
     e.worker += sizes[group] * len;
     if (n <= 1) continue;

@@ -68,6 +68,7 @@ int run_worker(const SweepOptions& sweep) {
     spdlog::error("{}", options.status().to_string());
     return 2;
   }
+  if (sweep.chunk_bytes) options->chunk_bytes = *sweep.chunk_bytes;
   auto dtype = parse_dtype(sweep.dtype);
   auto redop = parse_redop(sweep.redop);
   if (!dtype || !redop) {
@@ -120,7 +121,8 @@ int run_worker(const SweepOptions& sweep) {
   if (leader) {
     std::printf("# tally-bench %s (%s) transport=%s W=%u S=%u G=%u chunk=%s\n", TALLY_VERSION,
                 TALLY_GIT_SHA, options->transport.c_str(), client.world_size(), client.shards(),
-                client.groups(), human_bytes(options->chunk_bytes).c_str());
+                client.groups(),
+                options->chunk_bytes ? human_bytes(options->chunk_bytes).c_str() : "auto");
     std::printf(
         "# reduction server: every worker sends and receives the buffer once, so busbw = algbw\n");
     std::printf(
@@ -193,7 +195,7 @@ int run_worker(const SweepOptions& sweep) {
     Row row{count * esize, count, stats[0] / client.world_size(), 0, stats[1], {}};
     row.algbw = row.time_us > 0 ? static_cast<double>(row.bytes) / row.time_us / 1e3 : 0;
     if (measure && leader) {
-      const ChunkPlan plan(row.bytes, esize, options->chunk_bytes, client.shards());
+      const ChunkPlan plan = client.plan(count, *dtype);
       const double n = sweep.iters;
       for (uint32_t g = 0; g < client.groups(); ++g) {
         for (uint32_t s = 0; s < client.shards(); ++s) {

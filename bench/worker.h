@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,8 @@ struct SweepOptions {
   bool check = true;
   // Reducers' HTTP host:port (--http-listen), by index ((group, shard) order).
   std::vector<std::string> reducer_metrics;
+  // --chunk-bytes: overrides TALLY_CHUNK_BYTES when set (0: the automatic plan).
+  std::optional<size_t> chunk_bytes;
 };
 
 // Runs the sweep as the rank TALLY_* configures; returns the process exit

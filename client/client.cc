@@ -44,10 +44,14 @@ using client_internal::kEarlyErrorsKept;
 using std::chrono::milliseconds;
 
 void Client::Impl::pump(ShardLink& link) {
+  // Both windows from the Welcome: chunks (the reducer's slabs) and bytes
+  // (its ingress budget); one chunk may always be in flight, so a piece
+  // larger than the byte window still moves.
   while (link.inflight < link.window && !link.queue.empty() && !link.closed()) {
     auto [op, index] = link.queue.front();
-    link.queue.pop_front();
     const ChunkExtent e = op->plan->chunk(index);
+    if (link.inflight > 0 && link.inflight_bytes + e.length > link.window_bytes) break;
+    link.queue.pop_front();
     FrameHeader h;
     h.kind = FrameKind::kContribution;
     h.dtype = op->dtype;
@@ -58,9 +62,12 @@ void Client::Impl::pump(ShardLink& link) {
     h.count = op->count;
     h.offset = e.offset;
     h.chunk = e.index;
+    h.chunks_on_shard = static_cast<uint32_t>(op->plan->chunks_on_shard(e.shard));
     h.length = e.length;
     link.inflight++;
+    link.inflight_bytes += e.length;
     op->unanswered[link.shard()]++;
+    op->unanswered_bytes[link.shard()] += e.length;
     op->sending_on[link.shard()]++;
     const uint32_t shard = link.shard();
     // A failed send always closes the stream, and on_closed fails the op
@@ -78,6 +85,7 @@ void Client::Impl::start_op(const std::shared_ptr<Op>& op) {
   op->sending_on.assign(shards, 0);
   op->receiving_on.assign(shards, 0);
   op->unanswered.assign(shards, 0);
+  op->unanswered_bytes.assign(shards, 0);
   ops.emplace(op->id, op);
   if (broken) return fail_op(op, *broken);
   if (auto it = early_errors.find(op->id); it != early_errors.end()) {
@@ -92,8 +100,8 @@ void Client::Impl::start_op(const std::shared_ptr<Op>& op) {
     std::string pending;
     for (uint64_t k = 0; k < op->plan->chunk_count(); ++k) {
       if (!op->got[k]) {
-        pending =
-            "chunk " + std::to_string(k) + " (shard " + std::to_string(k % links.size()) + ")";
+        pending = "chunk " + std::to_string(k) + " (shard " +
+                  std::to_string(op->plan->chunk(k).shard) + ")";
         break;
       }
     }
@@ -131,7 +139,9 @@ void Client::Impl::fail_op(std::shared_ptr<Op> op, const Status& status) {
     // are never sent.
     for (auto& link : links) {
       link->inflight -= op->unanswered[link->shard()];
+      link->inflight_bytes -= op->unanswered_bytes[link->shard()];
       op->unanswered[link->shard()] = 0;
+      op->unanswered_bytes[link->shard()] = 0;
       std::erase_if(link->queue, [&](auto& entry) { return entry.first == op; });
     }
   }
@@ -224,7 +234,9 @@ Status validate(const ClientOptions& o) {
   } else if (!o.group_sizes.empty()) {
     return bad("TALLY_GROUP_SIZES is only used with TALLY_GROUP");
   }
-  if (o.chunk_bytes < 8) return bad("chunk size must be at least 8 bytes");
+  if (o.chunk_bytes != 0 && o.chunk_bytes < 8) {
+    return bad("chunk size must be 0 (automatic) or at least 8 bytes");
+  }
   if (o.op_timeout.count() <= 0 || o.op_timeout.count() > std::numeric_limits<uint32_t>::max()) {
     return bad("op timeout must be positive (milliseconds)");
   }
@@ -308,6 +320,14 @@ Result<std::unique_ptr<Client>> Client::connect(const ClientOptions& options) {
     if (!s.is_ok())
       return s.with_context("job '" + options.job + "' rank " + std::to_string(options.rank));
   }
+  // Every Welcome is in (each settled its link on the I/O thread before its
+  // future became ready), and no op has started yet.
+  im.plan_settings.chunk_bytes = options.chunk_bytes;
+  im.plan_settings.max_chunk_bytes = std::numeric_limits<uint64_t>::max();
+  for (auto& link : im.links) {
+    im.plan_settings.max_chunk_bytes =
+        std::min(im.plan_settings.max_chunk_bytes, link->max_chunk_bytes);
+  }
   return client;
 }
 
@@ -375,7 +395,16 @@ Result<std::shared_ptr<Op>> Client::Impl::make_op(void* data, size_t count, DTyp
   op->count = count;
   op->dtype = dtype;
   op->redop = redop;
-  op->plan.emplace(count * esize, esize, options.chunk_bytes, static_cast<uint32_t>(links.size()));
+  op->plan.emplace(count * esize, dtype, static_cast<uint32_t>(links.size()), plan_settings);
+  if (options.chunk_bytes > 0 &&
+      options.chunk_bytes / esize > max_piece_elements(plan_settings.max_chunk_bytes, dtype)) {
+    return Status(ErrorCode::kInvalidArgument,
+                  "chunk size " + std::to_string(options.chunk_bytes) +
+                      " (TALLY_CHUNK_BYTES) holds " + std::to_string(options.chunk_bytes / esize) +
+                      " " + std::string(dtype_name(dtype)) +
+                      " elements; the reducers take at most " +
+                      std::to_string(max_piece_elements(plan_settings.max_chunk_bytes, dtype)));
+  }
   if (op->plan->chunk_count() > std::numeric_limits<uint32_t>::max()) {
     return Status(ErrorCode::kInvalidArgument,
                   "tensor has more than 2^32 chunks; raise the chunk size");
@@ -496,5 +525,8 @@ uint32_t Client::shards() const { return static_cast<uint32_t>(impl_->links.size
 uint32_t Client::groups() const { return impl_->options.groups; }
 uint32_t Client::group() const { return impl_->group; }
 const ClientOptions& Client::options() const { return impl_->options; }
+ChunkPlan Client::plan(uint64_t count, DType dtype) const {
+  return ChunkPlan(count * dtype_size(dtype), dtype, shards(), impl_->plan_settings);
+}
 
 }  // namespace tally

@@ -47,10 +47,11 @@ struct Op {
   RedOp redop = RedOp::kSum;
   std::optional<ChunkPlan> plan;
   uint64_t results = 0;
-  std::vector<uint8_t> got;            // by chunk: result written
-  std::vector<uint32_t> sending_on;    // by shard: sends the transport still reads
-  std::vector<uint32_t> receiving_on;  // by shard: cancelled receives still being written
-  std::vector<uint32_t> unanswered;    // by shard: chunks sent whose result has not come
+  std::vector<uint8_t> got;                // by chunk: result written
+  std::vector<uint32_t> sending_on;        // by shard: sends the transport still reads
+  std::vector<uint32_t> receiving_on;      // by shard: cancelled receives still being written
+  std::vector<uint32_t> unanswered;        // by shard: chunks sent whose result has not come
+  std::vector<uint64_t> unanswered_bytes;  // by shard: their bytes
   bool failed = false;
   bool finished = false;  // I/O thread's view; `done` below is the caller's
   Status failure;
@@ -70,6 +71,9 @@ struct Client::Impl {
   uint64_t job = 0;
   uint32_t group = 0;
   std::vector<uint32_t> group_sizes;  // as sent in Hello
+  // Every op's chunk plan; max_chunk_bytes is the smallest the Welcomes gave
+  // (set before connect() returns, read-only afterwards).
+  PlanSettings plan_settings;
   boost::asio::io_context io{1};
   std::optional<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> guard;
   std::thread thread;

@@ -4,6 +4,7 @@
 
 #include "tally.pb.h"
 #include "tally/protocol/auth.h"
+#include "tally/protocol/chunking.h"
 #include "tally/protocol/connection_factory.h"
 #include "tally/protocol/control.h"
 #include "tally/protocol/tcp_transport.h"
@@ -118,7 +119,9 @@ void ShardLink::on_connected(Result<asio::ip::tcp::socket> r, Clock::time_point 
     return settle(r.status().with_context("shard " + std::to_string(shard_)));
   }
   ConnectionOptions copts;
-  copts.max_data_bytes = client_.options.chunk_bytes;
+  // Results go into posted receives of the plan's pieces; the stream opens
+  // before the Welcome says the reducer's limit, so this is the protocol's.
+  copts.max_data_bytes = kMaxChunkBytesLimit;
   copts.heartbeat_interval = client_.options.heartbeat_interval;
   copts.peer_timeout = client_.options.peer_timeout;
   conn_ = make_connection(client_.fabric, std::move(*r), copts);
@@ -164,6 +167,10 @@ void ShardLink::on_welcome(const wire::Welcome& w) {
             " of " + std::to_string(client_.options.groups) +
             " (the pool must list every reducer in shard order, group after group, i.e. in "
             "(group, shard) order, and TALLY_GROUPS must match the pool)");
+  } else if (w.max_chunk_bytes() == 0 || w.max_chunk_bytes() > kMaxChunkBytesLimit) {
+    bad = Status(ErrorCode::kProtocol, who + " gives a maximum chunk of " +
+                                           std::to_string(w.max_chunk_bytes()) + " bytes (1 to " +
+                                           std::to_string(kMaxChunkBytesLimit) + " expected)");
   } else if (client_.options.chunk_bytes > w.max_chunk_bytes()) {
     bad = Status(ErrorCode::kInvalidArgument,
                  "chunk size " + std::to_string(client_.options.chunk_bytes) + " exceeds " + who +
@@ -181,8 +188,10 @@ void ShardLink::on_welcome(const wire::Welcome& w) {
                  who +
                      " did not prove it holds the job secret (is it started with the same "
                      "--job-secret-file?)");
-  } else if (w.window_chunks() == 0) {
-    bad = Status(ErrorCode::kProtocol, who + " offers a window of 0 chunks");
+  } else if (w.window_chunks() == 0 || w.window_bytes() == 0) {
+    bad = Status(ErrorCode::kProtocol, who + " offers an empty window (" +
+                                           std::to_string(w.window_chunks()) + " chunks, " +
+                                           std::to_string(w.window_bytes()) + " bytes)");
   } else if (Status s = conn_->attach_data_path(w.data_path()); !s.is_ok()) {
     bad = s.with_context(who);
   }
@@ -191,6 +200,7 @@ void ShardLink::on_welcome(const wire::Welcome& w) {
     return conn_->close(bad);
   }
   window = w.window_chunks();
+  window_bytes = w.window_bytes();
   max_chunk_bytes = w.max_chunk_bytes();
   settle(Status::ok());
 }
@@ -222,7 +232,9 @@ void ShardLink::on_data(const FrameHeader& h, std::span<std::byte>) {
   op->got[h.chunk] = 1;
   op->results++;
   op->unanswered[shard_]--;
+  op->unanswered_bytes[shard_] -= extent.length;
   inflight--;
+  inflight_bytes -= extent.length;
   client_.pump(*this);
   client_.maybe_finish(op);
 }

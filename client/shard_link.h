@@ -50,9 +50,13 @@ class ShardLink final : public FrameHandler, public std::enable_shared_from_this
   bool closed() const { return closed_; }
   uint32_t shard() const { return shard_; }
 
+  // From the Welcome: chunks and bytes this stream may have sent without
+  // their results (pump keeps within both, but always lets one chunk go).
   uint32_t window = 1;
-  uint64_t max_chunk_bytes = 0;  // the reducer's chunk buffer, from its welcome
+  uint64_t window_bytes = 0;
+  uint64_t max_chunk_bytes = 0;
   uint32_t inflight = 0;
+  uint64_t inflight_bytes = 0;
   std::deque<std::pair<std::shared_ptr<Op>, uint32_t>> queue;
 
  private:

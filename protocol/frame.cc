@@ -25,7 +25,7 @@ struct WireHeader {
   be::little_uint64_buf_t count;
   be::little_uint64_buf_t offset;
   be::little_uint32_buf_t chunk;
-  be::little_uint32_buf_t reserved1;
+  be::little_uint32_buf_t chunks_on_shard;
   be::little_uint64_buf_t length;
 };
 static_assert(sizeof(WireHeader) == kFrameHeaderBytes);
@@ -41,6 +41,7 @@ static_assert(offsetof(WireHeader, op) == 24);
 static_assert(offsetof(WireHeader, count) == 32);
 static_assert(offsetof(WireHeader, offset) == 40);
 static_assert(offsetof(WireHeader, chunk) == 48);
+static_assert(offsetof(WireHeader, chunks_on_shard) == 52);
 static_assert(offsetof(WireHeader, length) == 56);
 
 Status protocol_error(std::string message) {
@@ -64,7 +65,7 @@ EncodedHeader encode_header(const FrameHeader& h) {
   w.count = h.count;
   w.offset = h.offset;
   w.chunk = h.chunk;
-  w.reserved1 = 0;
+  w.chunks_on_shard = h.chunks_on_shard;
   w.length = h.length;
   EncodedHeader out;
   std::memcpy(out.data(), &w, sizeof(w));
@@ -87,9 +88,7 @@ Result<FrameHeader> decode_header(std::span<const std::byte, kFrameHeaderBytes> 
                   "peer speaks protocol version " + std::to_string(w.version.value()) +
                       ", this build speaks " + std::to_string(kProtocolVersion));
   }
-  if (w.reserved0.value() != 0 || w.reserved1.value() != 0) {
-    return protocol_error("reserved header fields are not zero");
-  }
+  if (w.reserved0.value() != 0) return protocol_error("reserved header field is not zero");
   if ((w.flags.value() & ~kFrameFlagAccumulators) != 0) {
     return protocol_error("unknown header flags 0x" + std::to_string(w.flags.value()));
   }
@@ -103,11 +102,13 @@ Result<FrameHeader> decode_header(std::span<const std::byte, kFrameHeaderBytes> 
   h.count = w.count.value();
   h.offset = w.offset.value();
   h.chunk = w.chunk.value();
+  h.chunks_on_shard = w.chunks_on_shard.value();
   h.length = w.length.value();
   h.flags = w.flags.value();
 
   if (h.kind == FrameKind::kControl) {
     if (h.flags != 0) return protocol_error("flags on a control frame");
+    if (h.chunks_on_shard != 0) return protocol_error("control frame with a chunk count");
     if (h.length > kMaxControlBytes) {
       return protocol_error("control frame of " + std::to_string(h.length) +
                             " bytes exceeds the limit of " + std::to_string(kMaxControlBytes));
@@ -138,6 +139,9 @@ Result<FrameHeader> decode_header(std::span<const std::byte, kFrameHeaderBytes> 
                           " bytes exceeds the limit of " + std::to_string(limits.max_data_bytes));
   }
   if (h.length == 0) return protocol_error("empty data frame");
+  if (h.kind == FrameKind::kContribution && h.chunks_on_shard == 0) {
+    return protocol_error("contribution without its shard's chunk count");
+  }
   if (h.length % esize != 0 || h.offset % esize != 0) {
     return protocol_error("chunk offset/length not a multiple of the element size");
   }

@@ -17,7 +17,7 @@ uint16_t partial_flags(DType dtype) {
 std::string chunk_shape(const FrameHeader& h) {
   return "count=" + std::to_string(h.count) + " " + std::string(dtype_name(h.dtype)) + " " +
          std::string(redop_name(h.redop)) + " chunk@" + std::to_string(h.offset) + "+" +
-         std::to_string(h.length);
+         std::to_string(h.length) + " (" + std::to_string(h.chunks_on_shard) + " on this shard)";
 }
 
 Chunk::Chunk(const FrameHeader& first, Clock::time_point created, Clock::time_point deadline,
@@ -86,7 +86,8 @@ Status Chunk::place_locked(uint32_t from_group, const FrameHeader& h, std::share
                                             std::to_string(h.chunk) + " from " + who + " " + why);
   };
   if (h.count != m.count || h.dtype != m.dtype || h.redop != m.redop ||
-      h.flags != partial_flags(m.dtype)) {
+      h.flags != partial_flags(m.dtype) ||
+      h.chunks_on_shard != m.chunks_on_shard) {
     return bad("disagrees with this group's contributions: it has " + chunk_shape(h) + ", here " +
                chunk_shape(m));
   }

@@ -5,7 +5,6 @@
 #include <algorithm>
 
 #include "tally.pb.h"
-#include "tally/protocol/chunking.h"
 #include "tally/protocol/control.h"
 #include "tally/protocol/groups.h"
 #include "tally/reducer/kernels.h"
@@ -39,17 +38,6 @@ std::string ranks_string(const std::vector<uint32_t>& ranks) {
 
 std::string sizes_string(const std::vector<uint32_t>& sizes) {
   return "[" + ranks_string(sizes) + "]";
-}
-
-// How many chunks of the op that `h` belongs to land on `shard`, by the
-// plan every rank cut it with (chunking.h): its chunk size is offset / index
-// for any chunk but the first, and the first chunk's length otherwise (the
-// whole tensor when it is the only chunk). At least 1: `h` itself is one.
-uint64_t chunks_on_shard(const FrameHeader& h, uint32_t shard, uint32_t shards) {
-  const uint64_t chunk_bytes = h.chunk > 0 ? h.offset / h.chunk : h.length;
-  if (chunk_bytes == 0 || shards == 0 || shard >= shards) return 1;
-  const ChunkPlan plan(h.count * dtype_size(h.dtype), dtype_size(h.dtype), chunk_bytes, shards);
-  return std::max<uint64_t>(plan.chunks_on_shard(shard), 1);
 }
 
 }  // namespace
@@ -285,7 +273,8 @@ PayloadAction Job::on_contribution_header(const std::shared_ptr<JobMember>& memb
     chunks_.emplace(key, chunk);
     if (auto [progress, added] = op_progress_.try_emplace(h.op); added) {
       progress->second.began = now;
-      progress->second.expected = chunks_on_shard(h, settings_.shard, settings_.shard_count);
+      progress->second.expected = h.chunks_on_shard;  // >= 1 (decode_header)
+      progress->second.first_rank = h.rank;
       // Bounded whatever the workers send: the oldest op is forgotten (it
       // then goes unmeasured, never miscounted as failed).
       if (op_progress_.size() > kOpsTimed) op_progress_.erase(op_progress_.begin());
@@ -305,6 +294,30 @@ PayloadAction Job::on_contribution_header(const std::shared_ptr<JobMember>& memb
     chunk = it->second;
   }
   const FrameHeader& m = chunk->meta();
+  // Every rank cuts the op with the same plan: the same chunk, and the same
+  // number of chunks on this shard (checked per chunk, and against the op's
+  // first chunk while the op is tracked).
+  uint64_t op_chunks = m.chunks_on_shard;
+  uint32_t op_rank = m.rank;
+  if (auto p = op_progress_.find(h.op); p != op_progress_.end()) {
+    op_chunks = p->second.expected;
+    op_rank = p->second.first_rank;
+  }
+  if (h.chunks_on_shard != m.chunks_on_shard || h.chunks_on_shard != op_chunks) {
+    const bool this_chunk = h.chunks_on_shard != m.chunks_on_shard;
+    fail_op_locked(
+        h.op,
+        Status(ErrorCode::kMismatch,
+               "ranks cut op " + std::to_string(h.op) + " differently: rank " +
+                   std::to_string(h.rank) + " puts " + std::to_string(h.chunks_on_shard) +
+                   " of its chunks on shard " + std::to_string(settings_.shard) + ", rank " +
+                   std::to_string(this_chunk ? m.rank : op_rank) + " puts " +
+                   std::to_string(this_chunk ? m.chunks_on_shard : op_chunks) +
+                   " (every rank must use the same TALLY_CHUNK_BYTES, and every "
+                   "reducer the same --max-chunk-bytes)"),
+        {this_chunk ? m.rank : op_rank, h.rank});
+    return PayloadAction::discard();
+  }
   if (m.count != h.count || m.dtype != h.dtype || m.redop != h.redop || m.offset != h.offset ||
       m.length != h.length) {
     fail_op_locked(h.op,

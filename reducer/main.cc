@@ -56,6 +56,7 @@ int main(int argc, char** argv) {
   std::string http_listen;
   size_t memory_budget = options.memory_budget_bytes;
   size_t max_chunk = options.max_chunk_bytes;
+  size_t ingress_window = options.ingress_window_bytes;
   int64_t heartbeat_ms = options.connection.heartbeat_interval.count();
   int64_t peer_timeout_ms = options.connection.peer_timeout.count();
   int64_t hello_timeout_ms = options.hello_timeout.count();
@@ -108,6 +109,12 @@ int main(int argc, char** argv) {
       ->envname("TALLY_WINDOW")
       ->capture_default_str()
       ->check(CLI::Range(1, 4096));
+  app.add_option("--ingress-window", ingress_window,
+                 "bytes of contributions a job's workers together may have in flight to this "
+                 "reducer, e.g. 16MiB")
+      ->envname("TALLY_INGRESS_WINDOW")
+      ->capture_default_str()
+      ->transform(CLI::AsSizeValue(false));
   app.add_option("--max-world-size", options.max_world_size, "largest world size a job may declare")
       ->envname("TALLY_MAX_WORLD_SIZE")
       ->capture_default_str()
@@ -193,6 +200,7 @@ int main(int argc, char** argv) {
   }
   options.memory_budget_bytes = memory_budget;
   options.max_chunk_bytes = max_chunk;
+  options.ingress_window_bytes = ingress_window;
   options.connection.heartbeat_interval = std::chrono::milliseconds(heartbeat_ms);
   options.connection.peer_timeout = std::chrono::milliseconds(peer_timeout_ms);
   options.hello_timeout = std::chrono::milliseconds(hello_timeout_ms);

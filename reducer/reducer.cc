@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "tally.pb.h"
+#include "tally/protocol/chunking.h"
 #include "tally/protocol/connection_factory.h"
 #include "tally/protocol/control.h"
 #include "tally/reducer/job_table.h"
@@ -311,8 +312,14 @@ Status check_options(const ReducerOptions& options) {
       if (!pool) return pool.status();
     }
   }
-  if (options.max_chunk_bytes < 4096 || options.max_chunk_bytes % 4096 != 0) {
-    return Status(ErrorCode::kInvalidArgument, "max chunk bytes must be a multiple of 4096");
+  if (options.max_chunk_bytes < 4096 || options.max_chunk_bytes % 4096 != 0 ||
+      options.max_chunk_bytes > kMaxChunkBytesLimit) {
+    return Status(ErrorCode::kInvalidArgument,
+                  "max chunk bytes must be a multiple of 4096, at most " +
+                      std::to_string(kMaxChunkBytesLimit));
+  }
+  if (options.ingress_window_bytes == 0) {
+    return Status(ErrorCode::kInvalidArgument, "ingress window must be at least one byte");
   }
   if (options.window_chunks == 0) {
     return Status(ErrorCode::kInvalidArgument, "window must be at least one chunk");

@@ -206,6 +206,9 @@ void WorkerSession::admit(const wire::Hello& hello, bool authenticated) {
   w->set_shard_count(o.shard_count);
   w->set_max_chunk_bytes(o.max_chunk_bytes);
   w->set_window_chunks(o.window_chunks);
+  // The ingress budget shared by the job's workers on this shard (at least
+  // a byte: the worker may always have one chunk in flight).
+  w->set_window_bytes(std::max<uint64_t>(1, o.ingress_window_bytes / job_->local_size()));
   w->set_reducer_version(TALLY_VERSION);
   w->set_group(o.group);
   w->set_group_count(o.group_count);

@@ -28,7 +28,8 @@ struct Case {
   std::string dtype = "float";
   std::string redop = "sum";
   int ops = 1;
-  uint64_t chunk_bytes = 1024;  // the workers' TALLY_CHUNK_BYTES
+  uint64_t chunk_bytes = 1024;  // the workers' TALLY_CHUNK_BYTES; 0: the automatic plan
+  uint64_t ingress_window = 0;  // the reducers' --ingress-window; 0: their default
 };
 
 std::string short_dtype(const std::string& d) {
@@ -47,7 +48,9 @@ std::string name_of(const Case& c) {
                      short_dtype(c.dtype);
   if (c.redop != "sum") name += "_" + c.redop;
   if (c.ops > 1) name += "_x" + std::to_string(c.ops);
-  if (c.chunk_bytes != 1024) name += "_chunk" + std::to_string(c.chunk_bytes);
+  if (c.chunk_bytes == 0) name += "_autoplan";
+  if (c.chunk_bytes != 1024 && c.chunk_bytes != 0) name += "_chunk" + std::to_string(c.chunk_bytes);
+  if (c.ingress_window) name += "_ingress" + std::to_string(c.ingress_window);
   return name;
 }
 
@@ -71,6 +74,10 @@ TEST_P(AllreduceTest, EveryWorkerGetsTheExactSum) {
                          "--window",          "4",
                          "--io-threads",      "2",
                          "--log-level",       "info"};
+  }
+  if (c.ingress_window) {
+    spec.reducer_args.insert(spec.reducer_args.end(),
+                             {"--ingress-window", std::to_string(c.ingress_window)});
   }
   TestCluster cluster(spec);
   ASSERT_TRUE(cluster.ok()) << cluster.error();
@@ -155,6 +162,16 @@ std::vector<Case> types_and_ops() {
     big.ops = 2;
     big.chunk_bytes = chunk;
     cases.push_back(big);
+  }
+  // The automatic plan (pieces of ~83 KiB over 3 shards), with the default
+  // byte window and with one of a single byte: then each stream has one
+  // piece out at a time, which must still finish.
+  for (uint64_t window : {uint64_t{0}, uint64_t{1}}) {
+    Case autoplan = large;
+    autoplan.chunk_bytes = 0;
+    autoplan.ops = 3;
+    autoplan.ingress_window = window;
+    cases.push_back(autoplan);
   }
   return over_transports(cases);
 }

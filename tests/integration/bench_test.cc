@@ -1,11 +1,13 @@
 // tally-bench end to end: a sweep on a local pool (the table and --json),
 // a 2 x 3 pool whose per-reducer bytes must match the formula, and driver
-// mode against a pool that is already running.
+// mode against a pool that is already running; worker mode's --chunk-bytes.
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <map>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "harness.h"
 
@@ -124,6 +126,49 @@ TEST(Bench, RunsAgainstAGivenPool) {
   EXPECT_TRUE(contains(out, "int64    avg")) << out;
   EXPECT_TRUE(contains(out, "# Out of bounds values : 0 OK")) << out;
   EXPECT_TRUE(contains(cluster.reducer_log(0), "joined")) << cluster.reducer_log(0);
+}
+
+// Worker mode (one rank, configured by TALLY_*): --chunk-bytes overrides
+// TALLY_CHUNK_BYTES (it used to be ignored), and with neither the
+// automatic plan is used.
+TEST(Bench, WorkerModeTakesChunkBytes) {
+  PoolSpec spec;
+  spec.shards = 2;
+  TestCluster cluster(spec);
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  struct Run {
+    std::vector<std::string> extra;
+    std::map<std::string, std::string> env;
+    std::string header;
+  };
+  const std::vector<Run> runs = {
+      {{"--chunk-bytes", "2K"}, {{"TALLY_CHUNK_BYTES", "4096"}}, "chunk=2KiB"},
+      {{}, {{"TALLY_CHUNK_BYTES", "4096"}}, "chunk=4KiB"},
+      {{}, {}, "chunk=auto"},
+  };
+  int n = 0;
+  for (const Run& r : runs) {
+    SCOPED_TRACE(r.header);
+    bench::ProcessSpec run;
+    run.path = TALLY_BENCH_PATH;
+    run.args = {"--worker", "-b", "1K", "-e", "8K", "-w", "1", "-n", "2"};
+    run.args.insert(run.args.end(), r.extra.begin(), r.extra.end());
+    run.env = r.env;
+    run.env["TALLY_POOL"] = cluster.pool_string();
+    run.env["TALLY_JOB"] = unique_job("bench-worker");
+    run.env["TALLY_RANK"] = "0";
+    run.env["TALLY_WORLD_SIZE"] = "1";
+    const std::string base = cluster.dir() + "/worker" + std::to_string(n++);
+    run.stdout_path = base + ".out";
+    run.stderr_path = base + ".err";
+    auto p = bench::Process::spawn(run);
+    ASSERT_TRUE(p) << p.status().to_string();
+    auto st = p->wait_for(60s);
+    const std::string out = read_file(base + ".out");
+    ASSERT_TRUE(st.has_value());
+    EXPECT_EQ(*st, 0) << out << read_file(base + ".err");
+    EXPECT_TRUE(contains(out, "W=1 S=2 G=1 " + r.header)) << out;
+  }
 }
 
 }  // namespace

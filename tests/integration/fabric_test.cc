@@ -301,6 +301,7 @@ FrameHeader contribution(const std::string& job, uint64_t count) {
   h.count = count;
   h.offset = 0;
   h.chunk = 0;
+  h.chunks_on_shard = 1;
   h.length = count * sizeof(float);
   return h;
 }
@@ -345,6 +346,7 @@ TEST(Fabric, HostileFramesOnTheDataPathCloseOnlyThatStream) {
        [](const std::string& job) {
          FrameHeader h = contribution(job, 0);
          h.kind = FrameKind::kControl;
+         h.chunks_on_shard = 0;  // else decoding refuses it before the data path does
          return h;
        },
        0, "control frame on the fabric data path"},

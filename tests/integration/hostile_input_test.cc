@@ -160,6 +160,7 @@ TEST(Fault, GarbageAndHostileFramesCloseOnlyThatConnection) {
     FrameHeader h;
     h.kind = FrameKind::kContribution;
     h.count = 16;
+    h.chunks_on_shard = 1;
     h.length = 64;
     peer.send_frame(h, std::string(64, '\0'));
     EXPECT_TRUE(peer.closed_within(5s));
@@ -173,6 +174,7 @@ TEST(Fault, GarbageAndHostileFramesCloseOnlyThatConnection) {
     h.job = job_id(job);
     h.rank = 1;
     h.count = 1u << 20;
+    h.chunks_on_shard = 1;
     h.length = 1u << 20;
     peer.send_frame(h, "");
     EXPECT_TRUE(peer.closed_within(5s));
@@ -195,9 +197,12 @@ TEST(Fault, GarbageAndHostileFramesCloseOnlyThatConnection) {
 TEST(Fault, OtherProtocolVersionGetsAClearError) {
   TestCluster cluster(PoolSpec{});
   ASSERT_TRUE(cluster.ok()) << cluster.error();
-  {  // Version 2 in the Hello: the reducer answers with an Error, then closes.
+  // The version after this one (a version-1 peer is refused the same way).
+  const uint32_t other = kProtocolVersion + 1;
+  const std::string named = "version " + std::to_string(other);
+  {  // Another version in the Hello: the reducer answers with an Error, then closes.
     RawPeer peer(cluster.addresses()[0]);
-    peer.send_control(hello(unique_job("v2"), 0, 1, 2));
+    peer.send_control(hello(unique_job("vnext"), 0, 1, other));
     std::string received;
     EXPECT_TRUE(peer.closed_within(5s, &received));
     ASSERT_GE(received.size(), kFrameHeaderBytes);
@@ -211,16 +216,16 @@ TEST(Fault, OtherProtocolVersionGetsAClearError) {
         reply.ParseFromArray(received.data() + kFrameHeaderBytes, static_cast<int>(h->length)));
     ASSERT_TRUE(reply.has_error());
     EXPECT_EQ(reply.error().code(), wire::VERSION_MISMATCH);
-    EXPECT_TRUE(contains(reply.error().message(), "version 2")) << reply.error().message();
+    EXPECT_TRUE(contains(reply.error().message(), named)) << reply.error().message();
   }
-  {  // Version 2 in the frame header itself.
+  {  // Another version in the frame header itself.
     RawPeer peer(cluster.addresses()[0]);
     auto bytes = encode_header(FrameHeader{});
-    bytes[4] = std::byte{2};
+    bytes[4] = static_cast<std::byte>(other);
     peer.send(bytes.data(), bytes.size());
     EXPECT_TRUE(peer.closed_within(5s));
   }
-  EXPECT_TRUE(contains(cluster.reducer_log(0), "protocol version 2")) << cluster.reducer_log(0);
+  EXPECT_TRUE(contains(cluster.reducer_log(0), "protocol " + named)) << cluster.reducer_log(0);
 }
 
 // A Hello is untrusted: a huge world size must be refused, not allocated.
@@ -257,6 +262,7 @@ TEST(Fault, HugeJobTimeoutErrorIsBoundedAndDeliverable) {
   c.count = 2;
   c.offset = 0;
   c.chunk = 0;
+  c.chunks_on_shard = 1;
   c.length = 8;
   peer.send_frame(c, std::string(8, '\0'));
   ASSERT_TRUE(peer.received_within("more", 20s, &received)) << received.size();

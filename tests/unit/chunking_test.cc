@@ -1,5 +1,7 @@
-// ChunkPlan: chunks tile the tensor exactly, each no larger than the chunk
-// size, striped round-robin over the shards.
+// ChunkPlan: every op spreads over all shards in contiguous, element-aligned,
+// near-equal ranges; each range is cut into pieces sized by the tensor
+// (automatic) or by TALLY_CHUNK_BYTES (override); chunks tile the tensor in
+// index order, shard after shard.
 #include "tally/protocol/chunking.h"
 
 #include <gtest/gtest.h>
@@ -13,115 +15,132 @@
 namespace tally {
 namespace {
 
+constexpr uint64_t KiB = 1024, MiB = 1024 * KiB;
+
 struct PlanCase {
   std::string label;  // what the size is about, for the test name
   uint64_t nbytes;
-  size_t element_bytes;
-  size_t chunk_bytes;  // as requested, before rounding
+  DType dtype;
   uint32_t shards;
+  uint64_t chunk_bytes;  // 0: automatic
 };
 
 std::string plan_name(const ::testing::TestParamInfo<PlanCase>& info) {
   const auto& c = info.param;
-  return c.label + "_" + std::to_string(c.nbytes) + "B_e" + std::to_string(c.element_bytes) + "_c" +
-         std::to_string(c.chunk_bytes) + "_S" + std::to_string(c.shards);
-}
-
-// The chunk size the plan must use: rounded down to whole elements, at
-// least one element.
-uint64_t effective_chunk(size_t element_bytes, size_t chunk_bytes) {
-  const uint64_t whole = chunk_bytes / element_bytes * element_bytes;
-  return whole == 0 ? element_bytes : whole;
+  return c.label + "_" + std::to_string(c.nbytes) + "B_e" + std::to_string(dtype_size(c.dtype)) +
+         "_S" + std::to_string(c.shards) +
+         (c.chunk_bytes ? "_c" + std::to_string(c.chunk_bytes) : "_auto");
 }
 
 std::vector<PlanCase> plan_cases() {
   std::vector<PlanCase> out;
-  for (uint32_t shards = 1; shards <= 5; ++shards) {
-    for (size_t esize : {2, 4, 8}) {
-      const size_t chunk = 4096;
-      const uint64_t e = esize;
-      auto add = [&](const std::string& label, uint64_t nbytes, size_t chunk_bytes) {
-        out.push_back({label, nbytes, esize, chunk_bytes, shards});
-      };
-      add("Empty", 0, chunk);
-      add("OneElement", e, chunk);
-      add("ChunkMinusOneElement", chunk - e, chunk);
-      add("ExactlyOneChunk", chunk, chunk);
-      add("ChunkPlusOneElement", chunk + e, chunk);
-      add("TwoChunksMinusOneElement", 2 * chunk - e, chunk);
-      add("Prime", 1000003 * e, chunk);
-      add("PrimeElementsPrimeChunkElems", 7919 * e, 13 * e);
-      add("ManyChunks", 1000 * chunk + 3 * e, chunk);
-      add("ExactlyShardsChunks", shards * chunk, chunk);
-      add("TinyChunkOneElement", 97 * e, e);
-      // Chunk sizes that are not a multiple of the element size round down.
-      add("ChunkNotElementMultiple", 10007 * e, 4095);
-      add("ChunkOneByteOverElement", 101 * e, e + 1);
-      // Smaller than one element: one element per chunk.
-      add("ChunkSmallerThanElement", 31 * e, 1);
-      add("ChunkOneLessThanElement", 31 * e, e - 1);
+  for (uint32_t shards : {1u, 2u, 3u, 4u, 5u, 8u}) {
+    for (DType dtype : {DType::kFloat16, DType::kFloat32, DType::kFloat64}) {
+      const uint64_t e = dtype_size(dtype);
+      for (uint64_t chunk : {uint64_t{0}, uint64_t{4096}, 13 * e, uint64_t{4095}, e - 1}) {
+        auto add = [&](const std::string& label, uint64_t nbytes) {
+          out.push_back({label, nbytes, dtype, shards, chunk});
+        };
+        add("Empty", 0);
+        add("OneElement", e);
+        add("FewerElementsThanShards", (shards > 1 ? shards - 1 : 1) * e);
+        add("ExactlyShardsElements", shards * e);
+        add("ShardsPlusOneElement", (shards + 1) * e);
+        add("Prime", 7919 * e);
+        add("PrimeLarge", 1000003 * e);
+        if (chunk >= 4096 || chunk == 0) {
+          add("OneMiB", MiB);
+          add("SixteenMiBPlusOne", 16 * MiB + e);
+        }
+      }
     }
   }
   return out;
 }
 
+PlanSettings settings_for(const PlanCase& c) {
+  PlanSettings s;
+  s.chunk_bytes = c.chunk_bytes;
+  return s;
+}
+
 class ChunkPlanTest : public ::testing::TestWithParam<PlanCase> {};
 
-TEST_P(ChunkPlanTest, ChunksTileTheTensorRoundRobinOverShards) {
+TEST_P(ChunkPlanTest, ChunksTileTheTensorInContiguousShardRanges) {
   const PlanCase& c = GetParam();
-  const ChunkPlan plan(c.nbytes, c.element_bytes, c.chunk_bytes, c.shards);
-  const uint64_t chunk = effective_chunk(c.element_bytes, c.chunk_bytes);
+  const uint64_t e = dtype_size(c.dtype);
+  const ChunkPlan plan(c.nbytes, c.dtype, c.shards, settings_for(c));
+  const uint64_t elements = c.nbytes / e;
 
   EXPECT_EQ(plan.nbytes(), c.nbytes);
   EXPECT_EQ(plan.shards(), c.shards);
-  ASSERT_EQ(plan.chunk_bytes(), chunk);
-  EXPECT_EQ(plan.chunk_bytes() % c.element_bytes, 0u);
-  EXPECT_GE(plan.chunk_bytes(), c.element_bytes);
-  EXPECT_EQ(plan.chunk_count(), (c.nbytes + chunk - 1) / chunk);
+  ASSERT_GE(plan.piece_bytes(), e);
+  ASSERT_EQ(plan.piece_bytes() % e, 0u);
+  if (c.chunk_bytes > 0) {
+    EXPECT_EQ(plan.piece_bytes(), std::max(e, c.chunk_bytes / e * e)) << "override not exact";
+  } else if (elements >= c.shards) {
+    EXPECT_LE(plan.piece_bytes(), kPlanMaxPieceBytes);
+  }
+
+  // Shard ranges: contiguous, in shard order, near-equal (within one element).
+  uint64_t expect_offset = 0;
+  uint64_t total_chunks = 0;
+  for (uint32_t s = 0; s < c.shards; ++s) {
+    ASSERT_EQ(plan.shard_offset(s), expect_offset) << "shard " << s;
+    const uint64_t range = plan.shard_bytes(s);
+    ASSERT_EQ(range % e, 0u);
+    EXPECT_EQ(range / e, elements / c.shards + (s < elements % c.shards ? 1 : 0)) << "shard " << s;
+    EXPECT_EQ(plan.first_chunk(s), total_chunks) << "shard " << s;
+    // A shard gets nothing only when there are fewer elements than shards.
+    if (elements >= c.shards) {
+      EXPECT_GT(plan.chunks_on_shard(s), 0u) << "shard " << s;
+    }
+    EXPECT_EQ(plan.chunks_on_shard(s) == 0, range == 0) << "shard " << s;
+    expect_offset += range;
+    total_chunks += plan.chunks_on_shard(s);
+  }
+  EXPECT_EQ(expect_offset, c.nbytes);
+  ASSERT_EQ(plan.chunk_count(), total_chunks);
 
   uint64_t next = 0;  // where the next chunk must start
   std::vector<uint64_t> per_shard(c.shards, 0);
   for (uint64_t k = 0; k < plan.chunk_count(); ++k) {
-    const ChunkExtent e = plan.chunk(k);
-    ASSERT_EQ(e.index, k);
-    ASSERT_EQ(e.shard, k % c.shards);
-    ASSERT_EQ(e.offset, next) << "gap or overlap before chunk " << k;
-    ASSERT_GT(e.length, 0u) << "chunk " << k;
-    ASSERT_LE(e.length, plan.chunk_bytes()) << "chunk " << k;
-    ASSERT_EQ(e.offset % c.element_bytes, 0u) << "chunk " << k;
-    ASSERT_EQ(e.length % c.element_bytes, 0u) << "chunk " << k;
-    // Only the last chunk may be short.
-    if (k + 1 < plan.chunk_count()) {
-      ASSERT_EQ(e.length, plan.chunk_bytes()) << "chunk " << k;
+    const ChunkExtent x = plan.chunk(k);
+    ASSERT_EQ(x.index, k);
+    ASSERT_LT(x.shard, c.shards);
+    ASSERT_EQ(x.offset, next) << "gap or overlap before chunk " << k;
+    ASSERT_GT(x.length, 0u) << "chunk " << k;
+    ASSERT_LE(x.length, plan.piece_bytes()) << "chunk " << k;
+    ASSERT_EQ(x.offset % e, 0u) << "chunk " << k;
+    ASSERT_EQ(x.length % e, 0u) << "chunk " << k;
+    // Inside its shard's range; only a range's last piece may be short.
+    const uint64_t start = plan.shard_offset(x.shard), end = start + plan.shard_bytes(x.shard);
+    ASSERT_GE(x.offset, start) << "chunk " << k;
+    ASSERT_LE(x.offset + x.length, end) << "chunk " << k;
+    if (x.offset + x.length < end) {
+      ASSERT_EQ(x.length, plan.piece_bytes()) << "chunk " << k;
     }
-    next = e.offset + e.length;
-    ++per_shard[e.shard];
+    next = x.offset + x.length;
+    ++per_shard[x.shard];
   }
   EXPECT_EQ(next, c.nbytes) << "chunks do not end at the tensor's end";
   for (uint32_t s = 0; s < c.shards; ++s) {
     EXPECT_EQ(plan.chunks_on_shard(s), per_shard[s]) << "shard " << s;
   }
-
-  // Round robin keeps every shard within one chunk of the others.
-  if (plan.chunk_count() > 0) {
-    const auto [lo, hi] = std::minmax_element(per_shard.begin(), per_shard.end());
-    EXPECT_LE(*hi - *lo, 1u);
-  }
 }
 
-TEST_P(ChunkPlanTest, ChunkAtIsAPureFunctionOfTheIndex) {
+TEST_P(ChunkPlanTest, EveryRankComputesTheSamePlan) {
+  // The plan depends on its inputs only: built again (another rank) and
+  // asked in another order (as a retransmit would), it gives the same chunks.
   const PlanCase& c = GetParam();
-  const ChunkPlan plan(c.nbytes, c.element_bytes, c.chunk_bytes, c.shards);
-  if (c.nbytes == 0) {
-    EXPECT_EQ(plan.chunk_count(), 0u);
-    return;
-  }
-  // Asking out of order (as a retransmit would) gives the same extents.
-  const uint64_t last = plan.chunk_count() - 1;
-  for (uint64_t k : {last, uint64_t{0}, last / 2, last}) {
-    const ChunkExtent e = plan.chunk(k);
-    EXPECT_EQ(e.offset, k * plan.chunk_bytes());
-    EXPECT_EQ(e.length, std::min<uint64_t>(plan.chunk_bytes(), c.nbytes - e.offset));
+  const ChunkPlan a(c.nbytes, c.dtype, c.shards, settings_for(c));
+  const ChunkPlan b(c.nbytes, c.dtype, c.shards, settings_for(c));
+  ASSERT_EQ(a.chunk_count(), b.chunk_count());
+  for (uint64_t k = a.chunk_count(); k-- > 0;) {
+    const ChunkExtent x = a.chunk(k), y = b.chunk(k);
+    ASSERT_EQ(x.offset, y.offset);
+    ASSERT_EQ(x.length, y.length);
+    ASSERT_EQ(x.shard, y.shard);
   }
 }
 
@@ -130,53 +149,114 @@ INSTANTIATE_TEST_SUITE_P(SizesAndShards, ChunkPlanTest, ::testing::ValuesIn(plan
 
 TEST(ChunkPlan, EmptyTensorHasNoChunks) {
   for (uint32_t shards = 1; shards <= 5; ++shards) {
-    EXPECT_EQ(ChunkPlan(0, 4, 4096, shards).chunk_count(), 0u);
+    EXPECT_EQ(ChunkPlan(0, DType::kFloat32, shards).chunk_count(), 0u);
+    EXPECT_EQ(ChunkPlan(0, DType::kFloat32, shards, {.chunk_bytes = 4096}).chunk_count(), 0u);
   }
 }
 
-TEST(ChunkPlan, ChunkSizeRoundsDownToWholeElements) {
-  EXPECT_EQ(ChunkPlan(100, 8, 20, 1).chunk_bytes(), 16u);
-  EXPECT_EQ(ChunkPlan(100, 4, 4097, 1).chunk_bytes(), 4096u);
-  EXPECT_EQ(ChunkPlan(100, 4, 4096, 1).chunk_bytes(), 4096u);
-  EXPECT_EQ(ChunkPlan(100, 8, 7, 1).chunk_bytes(), 8u);  // at least one element
-  EXPECT_EQ(ChunkPlan(100, 2, 1, 1).chunk_bytes(), 2u);
+TEST(ChunkPlan, OneMiBSpreadsOverEveryShardInFloorSizedPieces) {
+  // The case issue 9 is about: 1 MiB used to land whole on one reducer.
+  const ChunkPlan plan(MiB, DType::kFloat32, 4);
+  for (uint32_t s = 0; s < 4; ++s) EXPECT_EQ(plan.shard_bytes(s), 256 * KiB);
+  // 256 KiB / 16 pieces = 16 KiB, under the floor: 64 KiB pieces, 4 a shard.
+  EXPECT_EQ(plan.piece_bytes(), kPlanMinPieceBytes);
+  EXPECT_EQ(plan.chunks_on_shard(0), 4u);
+  EXPECT_EQ(plan.chunk_count(), 16u);
 }
 
-TEST(ChunkPlan, LastChunkHoldsTheRemainder) {
-  const ChunkPlan plan(4096 * 3 + 12, 4, 4096, 2);
+TEST(ChunkPlan, LargeTensorsGetTheTargetPiecesPerShard) {
+  // 16 MiB over 4 shards: 4 MiB each, / 16 = 256 KiB pieces.
+  const ChunkPlan plan(16 * MiB, DType::kFloat32, 4);
+  EXPECT_EQ(plan.piece_bytes(), 256 * KiB);
+  for (uint32_t s = 0; s < 4; ++s) EXPECT_EQ(plan.chunks_on_shard(s), kPlanTargetPieces);
+}
+
+TEST(ChunkPlan, PiecesStopAtTheCeiling) {
+  // 1 GiB over 2 shards: 512 MiB / 16 = 32 MiB, capped at 1 MiB.
+  const ChunkPlan plan(1024 * MiB, DType::kFloat32, 2);
+  EXPECT_EQ(plan.piece_bytes(), kPlanMaxPieceBytes);
+  EXPECT_EQ(plan.chunks_on_shard(0), 512u);
+  // A reducer that takes less bounds the pieces further.
+  const ChunkPlan small(1024 * MiB, DType::kFloat32, 2, {.max_chunk_bytes = 256 * KiB});
+  EXPECT_EQ(small.piece_bytes(), 256 * KiB);
+  // Even below the floor: a reducer's limit is never exceeded.
+  const ChunkPlan tiny(MiB, DType::kFloat32, 1, {.max_chunk_bytes = 4096});
+  EXPECT_EQ(tiny.piece_bytes(), 4096u);
+}
+
+TEST(ChunkPlan, MaxPieceElementsIsTheReducersSlabOverTheElementSize) {
+  EXPECT_EQ(max_piece_elements(4 * MiB, DType::kFloat32), MiB);
+  EXPECT_EQ(max_piece_elements(4 * MiB, DType::kFloat64), MiB / 2);
+  EXPECT_EQ(max_piece_elements(4 * MiB, DType::kFloat16), 2 * MiB);
+  EXPECT_EQ(max_piece_elements(4, DType::kFloat64), 1u);  // at least one
+}
+
+TEST(ChunkPlan, PieceSizeRoundsToWholeElements) {
+  // Automatic: 3 shards of a 7-element-odd size still cut at element bounds.
+  const ChunkPlan plan(3 * 1000 * 8 + 8, DType::kFloat64, 3, {.min_piece_bytes = 100});
+  EXPECT_EQ(plan.piece_bytes() % 8, 0u);
+  // Override: rounded down, at least one element.
+  EXPECT_EQ(ChunkPlan(100, DType::kFloat64, 1, {.chunk_bytes = 20}).piece_bytes(), 16u);
+  EXPECT_EQ(ChunkPlan(100, DType::kFloat32, 1, {.chunk_bytes = 4097}).piece_bytes(), 4096u);
+  EXPECT_EQ(ChunkPlan(100, DType::kFloat64, 1, {.chunk_bytes = 7}).piece_bytes(), 8u);
+}
+
+TEST(ChunkPlan, OverrideCutsEachShardRangeIntoExactPieces) {
+  // 10 KiB over 2 shards with 4 KiB pieces: each 5 KiB range is 4 KiB + 1 KiB.
+  const ChunkPlan plan(10 * KiB, DType::kFloat32, 2, {.chunk_bytes = 4096});
   ASSERT_EQ(plan.chunk_count(), 4u);
-  const ChunkExtent last = plan.chunk(3);
-  EXPECT_EQ(last.offset, 4096u * 3);
-  EXPECT_EQ(last.length, 12u);
-  EXPECT_EQ(last.shard, 1u);
+  EXPECT_EQ(plan.chunk(0).length, 4096u);
+  EXPECT_EQ(plan.chunk(1).length, 1024u);
+  EXPECT_EQ(plan.chunk(1).shard, 0u);
+  EXPECT_EQ(plan.chunk(2).offset, 5 * KiB);
+  EXPECT_EQ(plan.chunk(2).shard, 1u);
+  EXPECT_EQ(plan.chunk(3).length, 1024u);
+}
+
+TEST(ChunkPlan, FewerElementsThanShardsGivesOneElementToTheFirstShards) {
+  const ChunkPlan plan(3 * 4, DType::kFloat32, 5);
+  ASSERT_EQ(plan.chunk_count(), 3u);
+  for (uint32_t s = 0; s < 3; ++s) {
+    EXPECT_EQ(plan.chunks_on_shard(s), 1u);
+    EXPECT_EQ(plan.chunk(s).shard, s);
+    EXPECT_EQ(plan.chunk(s).length, 4u);
+  }
+  EXPECT_EQ(plan.chunks_on_shard(3), 0u);
+  EXPECT_EQ(plan.chunks_on_shard(4), 0u);
+  EXPECT_EQ(plan.first_chunk(4), 3u);
 }
 
 TEST(ChunkPlan, HugeTensorsCountChunksWithoutOverflow) {
-  // Sizes near 2^64: (nbytes + chunk - 1) / chunk must not wrap around.
   constexpr uint64_t kMax = std::numeric_limits<uint64_t>::max();
   const uint64_t nbytes = kMax - (kMax % 8);  // 2^64 - 8, whole float64 elements
-  const ChunkPlan plan(nbytes, 8, 1 << 20, 4);
-  const uint64_t expected = nbytes / (1 << 20) + (nbytes % (1 << 20) != 0 ? 1 : 0);
-  ASSERT_EQ(plan.chunk_count(), expected);
-  const ChunkExtent last = plan.chunk(plan.chunk_count() - 1);
-  EXPECT_EQ(last.offset + last.length, nbytes);
+  for (uint32_t shards : {1u, 3u, 4u}) {
+    const ChunkPlan plan(nbytes, DType::kFloat64, shards);
+    EXPECT_EQ(plan.piece_bytes(), kPlanMaxPieceBytes);
+    uint64_t total = 0;
+    for (uint32_t s = 0; s < shards; ++s) total += plan.chunks_on_shard(s);
+    EXPECT_EQ(plan.chunk_count(), total);
+    const ChunkExtent last = plan.chunk(plan.chunk_count() - 1);
+    EXPECT_EQ(last.offset + last.length, nbytes);
+    EXPECT_EQ(last.shard, shards - 1);
+    const ChunkExtent first_of_last = plan.chunk(plan.first_chunk(shards - 1));
+    EXPECT_EQ(first_of_last.offset, plan.shard_offset(shards - 1));
+  }
 }
 
 using ChunkPlanDeathTest = ::testing::Test;
 
-TEST_F(ChunkPlanDeathTest, RejectsZeroArgumentsAsABug) {
+TEST_F(ChunkPlanDeathTest, RejectsBadArgumentsAsABug) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
-  EXPECT_DEATH(ChunkPlan(100, 0, 4096, 1), "TALLY_CHECK");
-  EXPECT_DEATH(ChunkPlan(100, 4, 0, 1), "TALLY_CHECK");
-  EXPECT_DEATH(ChunkPlan(100, 4, 4096, 0), "TALLY_CHECK");
+  EXPECT_DEATH(ChunkPlan(100, static_cast<DType>(0), 1), "TALLY_CHECK");
+  EXPECT_DEATH(ChunkPlan(100, DType::kFloat32, 0), "TALLY_CHECK");
 }
 
 TEST_F(ChunkPlanDeathTest, ChunkIndexPastTheEndIsABug) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
-  const ChunkPlan plan(4096 * 2, 4, 4096, 1);
+  const ChunkPlan plan(4096 * 2, DType::kFloat32, 1, {.chunk_bytes = 4096});
   ASSERT_EQ(plan.chunk_count(), 2u);
   EXPECT_DEATH(plan.chunk(2), "TALLY_CHECK");
-  const ChunkPlan empty(0, 4, 4096, 1);
+  const ChunkPlan empty(0, DType::kFloat32, 1);
   EXPECT_DEATH(empty.chunk(0), "TALLY_CHECK");
 }
 

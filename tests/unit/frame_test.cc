@@ -79,6 +79,7 @@ FrameHeader valid_data_header(DType dtype = DType::kFloat64) {
   h.count = 1000;
   h.offset = 10 * esize;
   h.chunk = 1;
+  h.chunks_on_shard = 3;
   h.length = 100 * esize;
   return h;
 }
@@ -93,6 +94,7 @@ void expect_same_header(const FrameHeader& want, const FrameHeader& got) {
   EXPECT_EQ(want.count, got.count);
   EXPECT_EQ(want.offset, got.offset);
   EXPECT_EQ(want.chunk, got.chunk);
+  EXPECT_EQ(want.chunks_on_shard, got.chunks_on_shard);
   EXPECT_EQ(want.length, got.length);
 }
 
@@ -112,7 +114,11 @@ void expect_invariants(const FrameHeader& h, const FrameLimits& limits) {
   ASSERT_LE(kind, 4);
   if (h.kind == FrameKind::kControl) {
     EXPECT_LE(h.length, kMaxControlBytes);
+    EXPECT_EQ(h.chunks_on_shard, 0u);
     return;
+  }
+  if (h.kind == FrameKind::kContribution) {
+    EXPECT_GT(h.chunks_on_shard, 0u);
   }
   ASSERT_TRUE(is_known_dtype(static_cast<uint8_t>(h.dtype)));
   ASSERT_TRUE(is_known_redop(static_cast<uint8_t>(h.redop)));
@@ -170,6 +176,7 @@ TEST_P(FrameRoundTripTest, DecodeOfEncodeGivesBackEveryField) {
   h.count = 0x0000123456789ABCULL;
   h.offset = 0x100000 * esize;
   h.chunk = 0xA1B2C3D4;
+  h.chunks_on_shard = c.kind == FrameKind::kControl ? 0 : 0xB1B2B3B4;
   h.length = c.kind == FrameKind::kControl ? kMaxControlBytes : 4096 * esize;
 
   auto r = decode(encode_header(h));
@@ -220,6 +227,7 @@ TEST(FrameLayout, FieldsSitAtDocumentedOffsetsLittleEndian) {
   h.count = 0x2122232425262728ULL;
   h.offset = 0x3132333435363738ULL;
   h.chunk = 0x41424344;
+  h.chunks_on_shard = 0x4A4B4C4D;
   h.length = 0x5152535455565758ULL;
   const EncodedHeader b = encode_header(h);
   ASSERT_EQ(b.size(), 64u);
@@ -231,8 +239,8 @@ TEST(FrameLayout, FieldsSitAtDocumentedOffsetsLittleEndian) {
   EXPECT_EQ(byte(2), 'L');
   EXPECT_EQ(byte(3), 'Y');
   EXPECT_EQ(get_le(b, 0, 4), 0x594C4154u);
-  // Version 1, little-endian.
-  EXPECT_EQ(byte(4), 0x01);
+  // Version 2, little-endian.
+  EXPECT_EQ(byte(4), 0x02);
   EXPECT_EQ(byte(5), 0x00);
   EXPECT_EQ(byte(6), 3);   // kind: result
   EXPECT_EQ(byte(7), 6);   // dtype: int64
@@ -265,8 +273,10 @@ TEST(FrameLayout, FieldsSitAtDocumentedOffsetsLittleEndian) {
   EXPECT_EQ(byte(48), 0x44);
   EXPECT_EQ(byte(51), 0x41);
   EXPECT_EQ(get_le(b, 48, 4), h.chunk);
-  // reserved
-  EXPECT_EQ(get_le(b, 52, 4), 0u);
+  // chunks on this shard
+  EXPECT_EQ(byte(52), 0x4D);
+  EXPECT_EQ(byte(55), 0x4A);
+  EXPECT_EQ(get_le(b, 52, 4), h.chunks_on_shard);
   // length
   EXPECT_EQ(byte(56), 0x58);
   EXPECT_EQ(byte(63), 0x51);
@@ -315,7 +325,7 @@ TEST(FrameDecode, RejectsBadMagic) {
 }
 
 TEST(FrameDecode, RejectsOtherVersionsWithVersionMismatchNamingBoth) {
-  for (uint64_t version : {0ULL, 2ULL, 0x1234ULL, 0xFFFFULL, 0x0100ULL}) {
+  for (uint64_t version : {0ULL, 1ULL, 3ULL, 0x1234ULL, 0xFFFFULL, 0x0200ULL}) {
     SCOPED_TRACE("version " + std::to_string(version));
     EncodedHeader b = encode_header(valid_data_header());
     put_le(b, 4, 2, version);
@@ -373,9 +383,29 @@ TEST(FrameDecode, RejectsUnknownRedOpInDataFrames) {
   }
 }
 
+TEST(FrameDecode, ContributionsNeedTheirShardsChunkCountAndControlFramesHaveNone) {
+  FrameHeader h = valid_data_header();
+  h.chunks_on_shard = 0;
+  expect_rejected(encode_header(h), ErrorCode::kProtocol);
+  // Results and partials echo the contribution's count; 0 is not checked there.
+  for (FrameKind kind : {FrameKind::kResult, FrameKind::kPartial}) {
+    h.kind = kind;
+    EXPECT_TRUE(decode(encode_header(h)).is_ok());
+  }
+  h.chunks_on_shard = 0xFFFFFFFF;
+  h.kind = FrameKind::kContribution;
+  auto r = decode(encode_header(h));
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_EQ(r->chunks_on_shard, 0xFFFFFFFFu);
+  FrameHeader c;
+  c.kind = FrameKind::kControl;
+  c.chunks_on_shard = 1;
+  expect_rejected(encode_header(c), ErrorCode::kProtocol);
+}
+
 TEST(FrameDecode, RejectsAnyNonzeroReservedOrFlagBit) {
-  // Byte 9 (reserved), 10-11 (flags), 52-55 (reserved): every single bit.
-  for (size_t offset : {9, 10, 11, 52, 53, 54, 55}) {
+  // Byte 9 (reserved), 10-11 (flags): every single bit.
+  for (size_t offset : {9, 10, 11}) {
     for (int bit = 0; bit < 8; ++bit) {
       SCOPED_TRACE("byte " + std::to_string(offset) + " bit " + std::to_string(bit));
       for (FrameKind kind : kAllKinds) {
@@ -606,7 +636,7 @@ TEST(FrameDecodeHostile, RandomBuffersNeverCrashAndAcceptedHeadersHoldTheInvaria
       if (rng() % 8 != 0) {
         put_le(b, 9, 1, 0);
         put_le(b, 10, 2, 0);
-        put_le(b, 52, 4, 0);
+        put_le(b, 52, 4, rng() % 4);
       }
     }
     if (shape >= 4) {
@@ -683,13 +713,18 @@ TEST(FrameDecodeHostile, EverySingleByteValueAtEveryOffsetDecodesOrFailsCleanly)
         ASSERT_FALSE(r.status().message().empty());
       }
       // Which outcome each region must give.
-      if (offset < 4 || offset == 9 || offset == 10 || offset == 11 ||
-          (offset >= 52 && offset < 56)) {
+      if (offset < 4 || offset == 9 || offset == 10 || offset == 11) {
         ASSERT_FALSE(r.is_ok()) << "magic/reserved/flags change accepted";
         EXPECT_EQ(r.status().code(), ErrorCode::kProtocol);
       } else if (offset == 4 || offset == 5) {
         ASSERT_FALSE(r.is_ok()) << "version change accepted";
         EXPECT_EQ(r.status().code(), ErrorCode::kVersionMismatch);
+      } else if (offset >= 52 && offset < 56) {
+        // chunks on shard: any value but 0 (a contribution needs it).
+        EXPECT_EQ(r.is_ok(), get_le(b, 52, 4) != 0);
+        if (r.is_ok()) {
+          EXPECT_EQ(r->chunks_on_shard, get_le(b, 52, 4));
+        }
       } else if ((offset >= 12 && offset < 32) || (offset >= 48 && offset < 52)) {
         // rank, job, op, chunk: any value is valid and comes back as sent.
         ASSERT_TRUE(r.is_ok()) << r.status().to_string();

@@ -65,7 +65,7 @@ struct Fixture {
   }
 
   FrameHeader header(uint32_t rank, uint64_t op, uint32_t chunk, uint64_t count, uint64_t offset,
-                     uint64_t length, RedOp redop = RedOp::kSum) {
+                     uint64_t length, RedOp redop = RedOp::kSum, uint32_t chunks_on_shard = 1) {
     FrameHeader h;
     h.kind = FrameKind::kContribution;
     h.dtype = DType::kFloat32;
@@ -76,6 +76,7 @@ struct Fixture {
     h.count = count;
     h.offset = offset;
     h.chunk = chunk;
+    h.chunks_on_shard = chunks_on_shard;
     h.length = length;
     return h;
   }
@@ -178,6 +179,45 @@ TEST(Accumulator, DisagreeingCountFailsTheOpForEveryoneNamingBothRanks) {
   EXPECT_EQ(f.members[1]->errors.size(), 2u);
 }
 
+// The chunk count a contribution's header carries (chunks of its op on this
+// shard) must be the same from every rank, on the same chunk and across the
+// op's chunks; the error names the ranks that disagree.
+TEST(Accumulator, DisagreeingChunksOnShardFailsTheOpNamingBothRanks) {
+  for (bool same_chunk : {true, false}) {
+    SCOPED_TRACE(same_chunk ? "same chunk" : "another chunk of the op");
+    Fixture f(2);
+    PendingContribution p0, p1;
+    ASSERT_EQ(f.offer(f.header(0, 5, 0, 16, 0, 32, RedOp::kSum, 2), p0).kind,
+              PayloadAction::Kind::kReceive);
+    auto h1 = same_chunk ? f.header(1, 5, 0, 16, 0, 32, RedOp::kSum, 3)
+                         : f.header(1, 5, 1, 16, 32, 32, RedOp::kSum, 3);
+    EXPECT_EQ(f.offer(h1, p1).kind, PayloadAction::Kind::kDiscard);
+    const auto& e = f.members[1]->errors.at(0).error();
+    EXPECT_EQ(e.code(), wire::MISMATCH);
+    EXPECT_NE(e.message().find("rank 1 puts 3"), std::string::npos) << e.message();
+    EXPECT_NE(e.message().find("rank 0 puts 2"), std::string::npos) << e.message();
+    ASSERT_EQ(e.ranks_size(), 2);
+  }
+}
+
+// An op counts as completed here (op latency) once all the chunks its header
+// says land on this shard are done, not before.
+TEST(Accumulator, OpCompletesWhenItsShardsChunksAreAllDone) {
+  Fixture f(1);
+  PendingContribution p;
+  auto h0 = f.header(0, 0, 0, 16, 0, 32, RedOp::kSum, 2);
+  auto a0 = f.offer(h0, p);
+  ASSERT_EQ(a0.kind, PayloadAction::Kind::kReceive);
+  f.deliver(h0, p, a0.dst);
+  EXPECT_EQ(f.members[0]->results.size(), 1u);
+  EXPECT_EQ(f.counters.ops_completed.load(), 0u);
+  auto h1 = f.header(0, 0, 1, 16, 32, 32, RedOp::kSum, 2);
+  auto a1 = f.offer(h1, p);
+  ASSERT_EQ(a1.kind, PayloadAction::Kind::kReceive);
+  f.deliver(h1, p, a1.dst);
+  EXPECT_EQ(f.counters.ops_completed.load(), 1u);
+}
+
 TEST(Accumulator, DisagreeingDtypeOrReductionFailsTheOp) {
   Fixture f(2);
   PendingContribution p0, p1;
@@ -200,13 +240,13 @@ TEST(Accumulator, FullQuotaPausesAndWakesWhenASlabFrees) {
   // Two slabs: two chunks' accumulators fill the quota; a third chunk pauses.
   Fixture f(2, /*slabs=*/2);
   PendingContribution a, b, c;
-  auto ha = f.header(0, 0, 0, 2048, 0, 4096);
-  auto hb = f.header(0, 0, 1, 2048, 4096, 4096);
+  auto ha = f.header(0, 0, 0, 2048, 0, 4096, RedOp::kSum, 2);
+  auto hb = f.header(0, 0, 1, 2048, 4096, 4096, RedOp::kSum, 2);
   auto aa = f.offer(ha, a);
   auto ab = f.offer(hb, b);
   ASSERT_EQ(aa.kind, PayloadAction::Kind::kReceive);
   ASSERT_EQ(ab.kind, PayloadAction::Kind::kReceive);
-  auto hc = f.header(1, 0, 0, 2048, 0, 4096);
+  auto hc = f.header(1, 0, 0, 2048, 0, 4096, RedOp::kSum, 2);
   EXPECT_EQ(f.offer(hc, c).kind, PayloadAction::Kind::kPause);
   EXPECT_EQ(f.members[1]->wakes, 0);
   // Rank 0's payloads land; chunk 0 cannot finish without rank 1, so
@@ -362,6 +402,7 @@ struct Pool {
     h.rank = r;
     h.job = job_id("groups-job");
     h.count = count;
+    h.chunks_on_shard = 1;
     h.length = count * 4;
     PendingContribution p;
     auto action = jobs[group_of(r)]->on_contribution_header(members[r], h, p);
@@ -461,6 +502,7 @@ TEST(ReplicaGroups, OpFailureIsForwardedToTheOtherReplicas) {
   h.rank = 4;
   h.job = job_id("groups-job");
   h.count = 100;
+  h.chunks_on_shard = 1;
   h.length = 400;
   PendingContribution p;
   EXPECT_EQ(pool.jobs[2]->on_contribution_header(pool.members[4], h, p).kind,

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "tally/protocol/auth.h"
+#include "tally/protocol/chunking.h"
 #include "tally/protocol/dtype.h"
 #include "tally/protocol/fabric_transport.h"
 #include "tally/protocol/status.h"
@@ -51,9 +52,12 @@ struct ClientOptions {
   std::string job;
   uint32_t rank = 0;
   uint32_t world_size = 1;
-  // Tensors are cut into chunks of this size (rounded down to whole
-  // elements) and striped over the shards; at most the reducers' maximum.
-  size_t chunk_bytes = 1u << 20;
+  // 0 (the default): the automatic chunk plan (tally/protocol/chunking.h)
+  // spreads each tensor over all shards and sizes the pieces by the tensor.
+  // Set (TALLY_CHUNK_BYTES): each shard's range is cut into pieces of
+  // exactly this size (rounded down to whole elements); at least 8, at most
+  // the reducers' maximum. Every rank must use the same value.
+  size_t chunk_bytes = 0;
   // Reducers fail an op whose contributions are not all in by then.
   std::chrono::milliseconds op_timeout{60000};
   // How long connect() keeps trying to reach every reducer.
@@ -193,6 +197,9 @@ class Client {
   uint32_t groups() const;
   uint32_t group() const;
   const ClientOptions& options() const;
+  // The chunk plan this client uses for `count` elements of `dtype` (the
+  // settings the pool's Welcomes gave included).
+  ChunkPlan plan(uint64_t count, DType dtype) const;
 
   struct Impl;
 

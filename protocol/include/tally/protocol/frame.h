@@ -17,7 +17,9 @@
 //  32     8    count    total elements of the op's tensor (agreement check)
 //  40     8    offset   byte offset of this chunk (partials: of this segment) in the tensor
 //  48     4    chunk    chunk index within the op
-//  52     4    reserved must be 0
+//  52     4    chunks   pieces of this op on this stream's shard (contributions,
+//                       >= 1, the same from every rank; results and partials
+//                       echo it); 0 in control frames
 //  56     8    length   payload bytes following the header
 #pragma once
 
@@ -34,7 +36,7 @@
 namespace tally {
 
 inline constexpr uint32_t kFrameMagic = 0x594C4154;  // "TALY" in memory order
-inline constexpr uint16_t kProtocolVersion = 1;
+inline constexpr uint16_t kProtocolVersion = 2;
 inline constexpr size_t kFrameHeaderBytes = 64;
 // Control messages are small (hello, errors); anything larger is hostile.
 inline constexpr size_t kMaxControlBytes = 64 * 1024;
@@ -62,6 +64,7 @@ struct FrameHeader {
   uint64_t count = 0;
   uint64_t offset = 0;
   uint32_t chunk = 0;
+  uint32_t chunks_on_shard = 0;  // see the table above
   uint64_t length = 0;
   uint16_t flags = 0;  // kFrameFlag* bits
 };

@@ -282,7 +282,8 @@ class Job : public std::enable_shared_from_this<Job> {
   // the chunks this shard gets are finished (for the op-latency histogram).
   struct OpProgress {
     Clock::time_point began;
-    uint64_t expected = 0;
+    uint64_t expected = 0;    // the first contribution's chunks_on_shard
+    uint32_t first_rank = 0;  // who sent it
     uint64_t finished = 0;
   };
   std::map<uint64_t, OpProgress> op_progress_;

@@ -39,6 +39,10 @@ struct ReducerOptions {
   // Chunks a worker may have in flight per stream; each job reserves this
   // many buffers plus two (job.h explains why that cannot deadlock).
   uint32_t window_chunks = 8;
+  // Bytes of contributions all workers of a job together may have sent to
+  // this reducer without their results (incast control); each worker stream
+  // gets an equal share in its Welcome. docs/architecture.md says why 16 MiB.
+  size_t ingress_window_bytes = 16u << 20;
   ConnectionOptions connection;
   // "tcp": data on the TCP streams only. "fabric": also serves workers that
   // ask for the libfabric data path (tcp workers are still served).
