@@ -402,26 +402,13 @@ Result<std::shared_ptr<Op>> Client::Impl::make_op(void* data, size_t count, DTyp
                   "chunk size " + std::to_string(options.chunk_bytes) +
                       " (TALLY_CHUNK_BYTES) holds " + std::to_string(options.chunk_bytes / esize) +
                       " " + std::string(dtype_name(dtype)) +
-                      " elements; the reducers take at most " +
-                      std::to_string(max_piece_elements(plan_settings.max_chunk_bytes, dtype)));
+                      " elements; the reducers sum at most " +
+                      std::to_string(max_piece_elements(plan_settings.max_chunk_bytes, dtype)) +
+                      " per chunk (16-bit types accumulate in float32): lower TALLY_CHUNK_BYTES");
   }
   if (op->plan->chunk_count() > std::numeric_limits<uint32_t>::max()) {
     return Status(ErrorCode::kInvalidArgument,
                   "tensor has more than 2^32 chunks; raise the chunk size");
-  }
-  // 16-bit types are summed in float32 on the reducer: a chunk may hold only
-  // max_chunk_bytes / 4 of their elements there.
-  const uint64_t piece = op->plan->chunk_bytes() / esize;
-  for (const auto& link : links) {
-    const uint64_t most = max_piece_elements(link->max_chunk_bytes, dtype);
-    if (link->max_chunk_bytes > 0 && piece > most) {
-      return Status(ErrorCode::kInvalidArgument,
-                    "chunk size " + std::to_string(options.chunk_bytes) + " holds " +
-                        std::to_string(piece) + " " + std::string(dtype_name(dtype)) +
-                        " elements; reducer " + std::to_string(link->shard()) + " sums at most " +
-                        std::to_string(most) +
-                        " per chunk (16-bit types accumulate in float32): lower TALLY_CHUNK_BYTES");
-    }
   }
   return op;
 }

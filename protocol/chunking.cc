@@ -6,12 +6,6 @@
 
 namespace tally {
 
-uint64_t max_piece_elements(uint64_t max_chunk_bytes, DType dtype) {
-  const uint64_t esize = dtype_size(dtype);
-  TALLY_CHECK(esize > 0);
-  return std::max<uint64_t>(1, max_chunk_bytes / esize);
-}
-
 ChunkPlan::ChunkPlan(uint64_t nbytes, DType dtype, uint32_t shards, const PlanSettings& settings)
     : esize_(dtype_size(dtype)), shards_(shards) {
   TALLY_CHECK(esize_ > 0 && shards > 0);

@@ -1,5 +1,7 @@
 #include "tally/protocol/dtype.h"
 
+#include <algorithm>
+
 namespace tally {
 
 size_t dtype_size(DType dtype) {
@@ -67,7 +69,7 @@ std::optional<RedOp> parse_redop(std::string_view name) {
 uint64_t max_piece_elements(uint64_t max_chunk_bytes, DType dtype) {
   const size_t esize = dtype_size(dtype);
   if (esize == 0) return 0;
-  return max_chunk_bytes / (esize == 2 ? 4 : esize);
+  return std::max<uint64_t>(1, max_chunk_bytes / (esize == 2 ? 4 : esize));
 }
 
 bool is_known_dtype(uint8_t raw) { return raw >= 1 && raw <= 6; }

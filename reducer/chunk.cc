@@ -86,8 +86,7 @@ Status Chunk::place_locked(uint32_t from_group, const FrameHeader& h, std::share
                                             std::to_string(h.chunk) + " from " + who + " " + why);
   };
   if (h.count != m.count || h.dtype != m.dtype || h.redop != m.redop ||
-      h.flags != partial_flags(m.dtype) ||
-      h.chunks_on_shard != m.chunks_on_shard) {
+      h.flags != partial_flags(m.dtype) || h.chunks_on_shard != m.chunks_on_shard) {
     return bad("disagrees with this group's contributions: it has " + chunk_shape(h) + ", here " +
                chunk_shape(m));
   }

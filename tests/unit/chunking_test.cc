@@ -187,7 +187,8 @@ TEST(ChunkPlan, PiecesStopAtTheCeiling) {
 TEST(ChunkPlan, MaxPieceElementsIsTheReducersSlabOverTheElementSize) {
   EXPECT_EQ(max_piece_elements(4 * MiB, DType::kFloat32), MiB);
   EXPECT_EQ(max_piece_elements(4 * MiB, DType::kFloat64), MiB / 2);
-  EXPECT_EQ(max_piece_elements(4 * MiB, DType::kFloat16), 2 * MiB);
+  // 16-bit types are summed in float32 accumulators: 4 bytes of slab each.
+  EXPECT_EQ(max_piece_elements(4 * MiB, DType::kFloat16), MiB);
   EXPECT_EQ(max_piece_elements(4, DType::kFloat64), 1u);  // at least one
 }
 

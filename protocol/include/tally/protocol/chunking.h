@@ -37,10 +37,8 @@ inline constexpr uint64_t kDefaultMaxChunkBytes = 4u << 20;  // the reducer's --
 // a worker may be sent, known before the Welcome says the actual limit).
 inline constexpr uint64_t kMaxChunkBytesLimit = 1u << 30;
 
-// The most elements of `dtype` one piece may hold at a reducer whose
-// Welcome says `max_chunk_bytes` (its slab size). At least 1. The one place
-// that knows how a reducer's slab relates to a piece's elements.
-uint64_t max_piece_elements(uint64_t max_chunk_bytes, DType dtype);
+// The most elements one piece may hold at a reducer: max_piece_elements in
+// dtype.h (16-bit types take max_chunk_bytes / 4, their float32 accumulators).
 
 struct PlanSettings {
   // The smallest max_chunk_bytes among the reducers the worker talks to.

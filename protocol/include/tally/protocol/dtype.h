@@ -33,7 +33,9 @@ std::optional<RedOp> parse_redop(std::string_view name);
 // The most elements of `dtype` one chunk (piece) may hold on a reducer whose
 // chunk buffers are `max_chunk_bytes`: 16-bit types are summed in float32
 // accumulators, 4 bytes per element (reducer/kernels.h), so max_chunk_bytes / 4
-// for them and max_chunk_bytes / dtype_size otherwise; 0 for an unknown dtype.
+// for them and max_chunk_bytes / dtype_size otherwise, at least 1; 0 for an
+// unknown dtype. The one place that knows how a reducer's slab relates to a
+// piece's elements (the chunk plan, the client's and the reducer's checks).
 uint64_t max_piece_elements(uint64_t max_chunk_bytes, DType dtype);
 
 bool is_known_dtype(uint8_t raw);
