@@ -65,6 +65,7 @@ struct PhaseOptions {
   uint32_t workers = 4;
   uint32_t groups = 1;
   size_t chunk_bytes = 0;  // 0: the automatic plan
+  std::string wire_dtype;  // TALLY_WIRE_DTYPE for the workers; empty: native
   int64_t op_timeout_ms = 60000;
   std::string fabric_provider;  // empty: the workers' default
   std::string log_level = "warn";
@@ -152,6 +153,7 @@ int run_phase(const Phase& phase, const PhaseOptions& options) {
                 {"TALLY_WORLD_SIZE", std::to_string(workers)},
                 {"TALLY_GROUPS", std::to_string(options.groups)},
                 {"TALLY_CHUNK_BYTES", std::to_string(options.chunk_bytes)},
+                {"TALLY_WIRE_DTYPE", options.wire_dtype},
                 {"TALLY_OP_TIMEOUT_MS", std::to_string(options.op_timeout_ms)},
                 {"TALLY_TRANSPORT", phase.transport}};
     if (!options.fabric_provider.empty())
@@ -218,6 +220,7 @@ int main(int argc, char** argv) {
   uint32_t groups = 1;
   uint32_t workers = 4;
   size_t chunk_bytes = 0;
+  std::string wire_dtype;
   std::string job;
   std::string log_level = "warn";
   uint32_t io_threads = 2;
@@ -278,6 +281,9 @@ int main(int argc, char** argv) {
          "piece size, overriding the automatic chunk plan (TALLY_CHUNK_BYTES); 0: automatic")
       ->transform(CLI::AsSizeValue(false))
       ->capture_default_str();
+  app.add_option("--wire-dtype", wire_dtype,
+                 "bfloat16: float32 tensors travel as bfloat16 (TALLY_WIRE_DTYPE); unset: native")
+      ->check(CLI::IsMember({"bfloat16"}));
   app.add_option("--io-threads", io_threads, "I/O threads per local reducer")
       ->capture_default_str();
   app.add_option("--memory-budget", memory_budget, "chunk memory per local reducer")
@@ -320,6 +326,7 @@ int main(int argc, char** argv) {
   }
   if (worker) {
     if (app.count("--chunk-bytes") > 0) sweep.chunk_bytes = chunk_bytes;
+    sweep.wire_dtype = wire_dtype;
     return run_worker(sweep);
   }
   // --netlab is refused before anything is made.
@@ -487,6 +494,7 @@ int main(int argc, char** argv) {
   phase_options.workers = workers;
   phase_options.groups = groups;
   phase_options.chunk_bytes = chunk_bytes;
+  phase_options.wire_dtype = wire_dtype;
   phase_options.op_timeout_ms = op_timeout_ms;
   phase_options.fabric_provider = fabric_provider;
   phase_options.log_level = log_level;

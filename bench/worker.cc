@@ -22,6 +22,7 @@
 #include "tally/bench/process.h"
 #include "tally/bench/table.h"
 #include "tally/client/client.h"
+#include "tally/client/option_names.h"
 #include "tally/protocol/chunking.h"
 #include "tally/protocol/groups.h"
 #include "tally/protocol/pool.h"
@@ -48,11 +49,12 @@ struct Row {
 };
 
 template <typename T>
-size_t run_check(Client& client, T* data, size_t count, DType dtype, RedOp redop, Status& status) {
+size_t run_check(Client& client, T* data, size_t count, DType dtype, RedOp redop, Status& status,
+                 double relative = 0) {
   fill_pattern(data, count, client.rank());
   status = client.allreduce(data, count, dtype, redop);
   if (!status) return count;
-  return count_wrong(data, count, client.world_size(), redop);
+  return count_wrong(data, count, client.world_size(), redop, relative);
 }
 
 }  // namespace
@@ -64,6 +66,10 @@ int run_worker(const SweepOptions& sweep) {
     return 2;
   }
   if (sweep.chunk_bytes) options->chunk_bytes = *sweep.chunk_bytes;
+  if (Status s = set_client_option(*options, "TALLY_WIRE_DTYPE", sweep.wire_dtype); !s) {
+    spdlog::error("{}", s.to_string());
+    return 2;
+  }
   auto dtype = parse_dtype(sweep.dtype);
   auto redop = parse_redop(sweep.redop);
   if (!dtype || !redop) {
@@ -114,10 +120,11 @@ int run_worker(const SweepOptions& sweep) {
   };
   std::vector<Row> rows;
   if (leader) {
-    std::printf("# tally-bench %s (%s) transport=%s W=%u S=%u G=%u chunk=%s\n", TALLY_VERSION,
-                TALLY_GIT_SHA, options->transport.c_str(), client.world_size(), client.shards(),
-                client.groups(),
-                options->chunk_bytes ? human_bytes(options->chunk_bytes).c_str() : "auto");
+    std::printf(
+        "# tally-bench %s (%s) transport=%s W=%u S=%u G=%u chunk=%s wire=%s\n", TALLY_VERSION,
+        TALLY_GIT_SHA, options->transport.c_str(), client.world_size(), client.shards(),
+        client.groups(), options->chunk_bytes ? human_bytes(options->chunk_bytes).c_str() : "auto",
+        options->wire_dtype ? std::string(dtype_name(*options->wire_dtype)).c_str() : "native");
     std::printf(
         "# reduction server: every worker sends and receives the buffer once, so busbw = algbw\n");
     std::printf(
@@ -137,7 +144,9 @@ int run_worker(const SweepOptions& sweep) {
     if (sweep.check) {
       switch (*dtype) {
         case DType::kFloat32:
-          wrong = run_check(client, static_cast<float*>(mem), count, *dtype, *redop, status);
+          // On the bfloat16 wire the inputs are rounded: checked within its bound.
+          wrong = run_check(client, static_cast<float*>(mem), count, *dtype, *redop, status,
+                            options->wire_dtype ? kBfloat16WireRelativeError : 0);
           break;
         case DType::kFloat64:
           wrong = run_check(client, static_cast<double*>(mem), count, *dtype, *redop, status);
@@ -256,7 +265,8 @@ int run_worker(const SweepOptions& sweep) {
           << options->transport << "\",\n"
           << "  \"workers\": " << client.world_size() << ",\n  \"shards\": " << client.shards()
           << ",\n  \"groups\": " << client.groups()
-          << ",\n  \"chunk_bytes\": " << options->chunk_bytes
+          << ",\n  \"chunk_bytes\": " << options->chunk_bytes << ",\n  \"wire_dtype\": \""
+          << (options->wire_dtype ? dtype_name(*options->wire_dtype) : "native") << "\""
           << ",\n  \"busbw_factor\": 1.0,\n  \"rows\": [\n";
       for (size_t i = 0; i < rows.size(); ++i) {
         const Row& r = rows[i];

@@ -24,6 +24,8 @@ struct SweepOptions {
   std::vector<std::string> reducer_metrics;
   // --chunk-bytes: overrides TALLY_CHUNK_BYTES when set (0: the automatic plan).
   std::optional<size_t> chunk_bytes;
+  // --wire-dtype: overrides TALLY_WIRE_DTYPE when non-empty.
+  std::string wire_dtype;
 };
 
 // Runs the sweep as the rank TALLY_* configures; returns the process exit

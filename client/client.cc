@@ -32,6 +32,7 @@
 #include "tally/protocol/control.h"
 #include "tally/protocol/frame.h"
 #include "tally/protocol/groups.h"
+#include "tally/protocol/kernels.h"
 #include "tally/protocol/pool.h"
 #include "tally/protocol/tcp_transport.h"
 
@@ -41,6 +42,7 @@ using Clock = std::chrono::steady_clock;
 using client_internal::backstop;
 using client_internal::kDrainGrace;
 using client_internal::kEarlyErrorsKept;
+using client_internal::kSpareStagingKept;
 using std::chrono::milliseconds;
 
 void Client::Impl::pump(ShardLink& link) {
@@ -52,9 +54,16 @@ void Client::Impl::pump(ShardLink& link) {
     const ChunkExtent e = op->plan->chunk(index);
     if (link.inflight > 0 && link.inflight_bytes + e.length > link.window_bytes) break;
     link.queue.pop_front();
+    std::byte* wire = op->data;
+    if (op->wire != op->dtype) {
+      // float32 -> bfloat16, the only narrowing wire (make_op).
+      wire = op->staging.data();
+      kernels().narrow_bf16(reinterpret_cast<uint16_t*>(wire + e.offset),
+                            reinterpret_cast<const float*>(op->data + e.offset * 2), e.length / 2);
+    }
     FrameHeader h;
     h.kind = FrameKind::kContribution;
-    h.dtype = op->dtype;
+    h.dtype = op->wire;
     h.redop = op->redop;
     h.rank = options.rank;
     h.job = job;
@@ -72,7 +81,7 @@ void Client::Impl::pump(ShardLink& link) {
     const uint32_t shard = link.shard();
     // A failed send always closes the stream, and on_closed fails the op
     // with the reducer named; here only the buffer is released.
-    link.conn()->send(h, {op->data + e.offset, e.length}, [this, op, shard](const Status&) {
+    link.conn()->send(h, {wire + e.offset, e.length}, [this, op, shard](const Status&) {
       op->sending_on[shard]--;
       maybe_finish(op);
     });
@@ -94,6 +103,18 @@ void Client::Impl::start_op(const std::shared_ptr<Op>& op) {
     return fail_op(op, s);
   }
   op->got.assign(op->plan->chunk_count(), 0);
+  std::byte* wire = op->data;
+  if (op->wire != op->dtype) {
+    const size_t bytes = op->plan->nbytes();
+    auto fits = std::find_if(spare_staging.begin(), spare_staging.end(),
+                             [&](const auto& b) { return b.capacity() >= bytes; });
+    if (fits != spare_staging.end()) {
+      op->staging = std::move(*fits);
+      spare_staging.erase(fits);
+    }
+    op->staging.resize(bytes);
+    wire = op->staging.data();
+  }
   op->deadline.emplace(io, backstop(options.op_timeout));
   op->deadline->async_wait([this, op](const boost::system::error_code& ec) {
     if (ec) return;
@@ -113,8 +134,7 @@ void Client::Impl::start_op(const std::shared_ptr<Op>& op) {
   for (uint64_t k = 0; k < op->plan->chunk_count(); ++k) {
     const ChunkExtent e = op->plan->chunk(k);
     ShardLink& link = *links[e.shard];
-    link.conn()->post_receive({FrameKind::kResult, op->id, e.index},
-                              {op->data + e.offset, e.length});
+    link.conn()->post_receive({FrameKind::kResult, op->id, e.index}, {wire + e.offset, e.length});
     link.queue.emplace_back(op, e.index);
   }
   for (auto& link : links) pump(*link);
@@ -173,6 +193,9 @@ void Client::Impl::maybe_finish(std::shared_ptr<Op> op) {
   if (op->deadline) op->deadline->cancel();
   if (op->drain) op->drain->cancel();
   ops.erase(op->id);
+  if (!op->staging.empty() && spare_staging.size() < kSpareStagingKept) {
+    spare_staging.push_back(std::move(op->staging));
+  }
   op->handle->end_one(op->failed ? op->failure : Status::ok());
 }
 
@@ -398,16 +421,19 @@ Result<std::shared_ptr<Op>> Client::Impl::make_op(void* data, size_t count, DTyp
   op->count = count;
   op->dtype = dtype;
   op->redop = redop;
-  op->plan.emplace(count * esize, dtype, static_cast<uint32_t>(links.size()), plan_settings);
+  // The bfloat16 wire applies to float32 tensors only; others travel as they are.
+  op->wire = dtype == DType::kFloat32 && options.wire_dtype ? *options.wire_dtype : dtype;
+  const DType wire = op->wire;
+  const size_t wsize = dtype_size(wire);
+  op->plan.emplace(count * wsize, wire, static_cast<uint32_t>(links.size()), plan_settings);
   if (options.chunk_bytes > 0 &&
-      options.chunk_bytes / esize > max_piece_elements(plan_settings.max_chunk_bytes, dtype)) {
+      options.chunk_bytes / wsize > max_piece_elements(plan_settings.max_chunk_bytes, wire)) {
     return Status(ErrorCode::kInvalidArgument,
                   "chunk size " + std::to_string(options.chunk_bytes) +
-                      " (TALLY_CHUNK_BYTES) holds " + std::to_string(options.chunk_bytes / esize) +
-                      " " + std::string(dtype_name(dtype)) +
-                      " elements; the reducers take at most " +
-                      std::to_string(max_piece_elements(plan_settings.max_chunk_bytes, dtype)) +
-                      (esize == 2 ? " (16-bit types accumulate in float32 there)" : ""));
+                      " (TALLY_CHUNK_BYTES) holds " + std::to_string(options.chunk_bytes / wsize) +
+                      " " + std::string(dtype_name(wire)) + " elements; the reducers sum at most " +
+                      std::to_string(max_piece_elements(plan_settings.max_chunk_bytes, wire)) +
+                      " per chunk (16-bit types accumulate in float32): lower TALLY_CHUNK_BYTES");
   }
   if (op->plan->chunk_count() > std::numeric_limits<uint32_t>::max()) {
     return Status(ErrorCode::kInvalidArgument,

@@ -32,6 +32,8 @@ inline constexpr milliseconds kConnectRetry{100};
 inline constexpr milliseconds kDrainGrace{2000};
 // Early op errors kept for ops this worker has not started yet.
 inline constexpr size_t kEarlyErrorsKept = 1024;
+// Staging buffers kept for reuse by bfloat16-wire ops (Client::Impl::spare_staging).
+inline constexpr size_t kSpareStagingKept = 4;
 
 // The client's own deadline is a backstop behind the reducers' op timeout,
 // which is the one that names missing ranks.
@@ -43,9 +45,16 @@ struct Op {
   uint64_t id = 0;
   std::byte* data = nullptr;
   uint64_t count = 0;
-  DType dtype = DType::kFloat32;
+  DType dtype = DType::kFloat32;  // the caller's buffer
+  // What the frames carry. Another than `dtype` (the bfloat16 wire of float32
+  // tensors): the plan's offsets and lengths count wire bytes, each piece is
+  // narrowed into `staging` before it is sent, and its result is received
+  // there and widened into `data` (a result never arrives before the
+  // reducer has this rank's whole piece, so they share the bytes).
+  DType wire = DType::kFloat32;
+  std::vector<std::byte> staging;  // from Client::Impl::spare_staging; I/O thread only
   RedOp redop = RedOp::kSum;
-  std::optional<ChunkPlan> plan;
+  std::optional<ChunkPlan> plan;  // over count elements of `wire`
   uint64_t results = 0;
   std::vector<uint8_t> got;                // by chunk: result written
   std::vector<uint32_t> sending_on;        // by shard: sends the transport still reads
@@ -74,6 +83,9 @@ struct Client::Impl {
   // Every op's chunk plan; max_chunk_bytes is the smallest the Welcomes gave
   // (set before connect() returns, read-only afterwards).
   PlanSettings plan_settings;
+  // Staging buffers of finished bfloat16-wire ops, reused by the next ones
+  // (no allocation and no page faults per op once warm); I/O thread only.
+  std::vector<std::vector<std::byte>> spare_staging;
   boost::asio::io_context io{1};
   std::optional<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> guard;
   std::thread thread;

@@ -52,6 +52,7 @@ const std::vector<std::string_view>& client_option_names() {
       "TALLY_HEARTBEAT_MS", "TALLY_PEER_TIMEOUT_MS", "TALLY_TRANSPORT", "FI_PROVIDER",
       "TALLY_FABRIC_PROVIDER", "TALLY_FABRIC_FORCE_REGISTRATION", "TALLY_FABRIC_MAX_MSG_BYTES",
       "TALLY_TCP_CONGESTION",
+      "TALLY_WIRE_DTYPE",
       // The file, when both are set, wins.
       "TALLY_SECRET", "TALLY_SECRET_FILE"};
   return names;
@@ -97,6 +98,11 @@ Status set_client_option(ClientOptions& o, std::string_view name, std::string_vi
     return Status::ok();
   }
   if (name == "TALLY_CHUNK_BYTES") return number(kU64, [&](uint64_t v) { o.chunk_bytes = v; });
+  if (name == "TALLY_WIRE_DTYPE") {
+    if (value != "bfloat16") return bad(name, value, "is not a wire dtype (bfloat16, or unset)");
+    o.wire_dtype = DType::kBFloat16;
+    return Status::ok();
+  }
   if (name == "TALLY_OP_TIMEOUT_MS")
     return number(kU64, [&](uint64_t v) { o.op_timeout = milliseconds(v); });
   if (name == "TALLY_CONNECT_TIMEOUT_MS") {

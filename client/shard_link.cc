@@ -7,6 +7,7 @@
 #include "tally/protocol/chunking.h"
 #include "tally/protocol/connection_factory.h"
 #include "tally/protocol/control.h"
+#include "tally/protocol/kernels.h"
 #include "tally/protocol/tcp_transport.h"
 
 namespace tally {
@@ -222,13 +223,19 @@ void ShardLink::on_data(const FrameHeader& h, std::span<std::byte>) {
     return client_.maybe_finish(op);
   }
   const ChunkExtent extent = op->plan->chunk(h.chunk);
-  if (h.count != op->count || h.dtype != op->dtype || h.offset != extent.offset ||
+  if (h.count != op->count || h.dtype != op->wire || h.offset != extent.offset ||
       op->got[h.chunk]) {
     client_.fail_op(op,
                     Status(ErrorCode::kProtocol, "reducer " + address_.to_string() +
                                                      " sent a result that does not match op " +
                                                      std::to_string(op->id) + ": " + describe(h)));
     return;
+  }
+  if (op->wire != op->dtype) {
+    // bfloat16 -> float32 into the caller's buffer (make_op's only narrowing wire).
+    kernels().widen_bf16(reinterpret_cast<float*>(op->data + extent.offset * 2),
+                         reinterpret_cast<const uint16_t*>(op->staging.data() + extent.offset),
+                         extent.length / 2);
   }
   op->got[h.chunk] = 1;
   op->results++;

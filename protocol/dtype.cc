@@ -1,5 +1,7 @@
 #include "tally/protocol/dtype.h"
 
+#include <algorithm>
+
 namespace tally {
 
 size_t dtype_size(DType dtype) {

@@ -56,6 +56,7 @@ void expect_same(const ClientOptions& a, const ClientOptions& b) {
   EXPECT_EQ(a.fabric.provider, b.fabric.provider);
   EXPECT_EQ(a.fabric.force_registration, b.fabric.force_registration);
   EXPECT_EQ(a.fabric.max_msg_bytes, b.fabric.max_msg_bytes);
+  EXPECT_EQ(a.wire_dtype, b.wire_dtype);
 }
 
 const Env kBase{
@@ -86,6 +87,7 @@ TEST(OptionNames, AgreeWithTheEnvironmentReader) {
                    {"FI_PROVIDER", "tcp"},
                    {"TALLY_FABRIC_PROVIDER", "verbs;ofi_rxm"}}),
       with(kBase, {{"TALLY_OP_TIMEOUT_MS", ""}}),  // empty counts as unset
+      with(kBase, {{"TALLY_WIRE_DTYPE", "bfloat16"}}),
   };
   for (const Env& env : cases) {
     ScopedEnv scoped(env);
@@ -99,11 +101,13 @@ TEST(OptionNames, AgreeWithTheEnvironmentReader) {
 
 TEST(OptionNames, RejectWhatTheEnvironmentRejects) {
   const std::vector<Env> cases{
-      with(kBase, {{"TALLY_RANK", "-1"}}),
-      with(kBase, {{"TALLY_RANK", "4294967296"}}),
+      with(kBase, {{"TALLY_RANK", "-1"}}), with(kBase, {{"TALLY_RANK", "4294967296"}}),
       with(kBase, {{"TALLY_CHUNK_BYTES", "1MiB"}}),
       with(kBase, {{"TALLY_FABRIC_FORCE_REGISTRATION", "maybe"}}),
       with(kBase, {{"TALLY_GROUP_SIZES", "1,x"}}),
+      // Only float32 tensors have another wire, and only bfloat16.
+      with(kBase, {{"TALLY_WIRE_DTYPE", "float"}}), with(kBase, {{"TALLY_WIRE_DTYPE", "BFLOAT16"}}),
+      with(kBase, {{"TALLY_WIRE_DTYPE", "half"}}),
       with(kBase, {{"TALLY_RANK", "3"}}),  // validate(): not below the world size
   };
   for (const Env& env : cases) {
@@ -111,6 +115,17 @@ TEST(OptionNames, RejectWhatTheEnvironmentRejects) {
     EXPECT_EQ(client_options_from_env().status().code(), ErrorCode::kInvalidArgument);
     EXPECT_EQ(from_names(env).status().code(), ErrorCode::kInvalidArgument);
   }
+}
+
+TEST(OptionNames, WireDtypeIsUnsetByDefaultAndBfloat16WhenSet) {
+  ClientOptions o;
+  EXPECT_FALSE(o.wire_dtype.has_value());
+  ASSERT_TRUE(set_client_option(o, "TALLY_WIRE_DTYPE", "bfloat16").is_ok());
+  EXPECT_EQ(o.wire_dtype, DType::kBFloat16);
+  Status s = set_client_option(o, "TALLY_WIRE_DTYPE", "float16");
+  EXPECT_EQ(s.code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("TALLY_WIRE_DTYPE='float16'"), std::string::npos) << s.message();
+  EXPECT_EQ(o.wire_dtype, DType::kBFloat16);  // a rejected value changes nothing
 }
 
 TEST(OptionNames, UnknownNameIsNamed) {

@@ -30,6 +30,7 @@ struct Case {
   int ops = 1;
   uint64_t chunk_bytes = 1024;  // the workers' TALLY_CHUNK_BYTES; 0: the automatic plan
   uint64_t ingress_window = 0;  // the reducers' --ingress-window; 0: their default
+  std::string wire_dtype;       // the workers' TALLY_WIRE_DTYPE; empty: unset
 };
 
 std::string short_dtype(const std::string& d) {
@@ -51,6 +52,7 @@ std::string name_of(const Case& c) {
   if (c.chunk_bytes == 0) name += "_autoplan";
   if (c.chunk_bytes != 1024 && c.chunk_bytes != 0) name += "_chunk" + std::to_string(c.chunk_bytes);
   if (c.ingress_window) name += "_ingress" + std::to_string(c.ingress_window);
+  if (!c.wire_dtype.empty()) name += "_wire" + c.wire_dtype;
   return name;
 }
 
@@ -81,13 +83,13 @@ TEST_P(AllreduceTest, EveryWorkerGetsTheExactSum) {
   }
   TestCluster cluster(spec);
   ASSERT_TRUE(cluster.ok()) << cluster.error();
-  WorkerGroup workers(cluster, "w", unique_job("allreduce"), c.workers,
-                      [&](uint32_t) {
-                        return Args{
-                            "--count", std::to_string(c.count), "--dtype", c.dtype, "--op", c.redop,
-                            "--ops",   std::to_string(c.ops)};
-                      },
-                      {{"TALLY_CHUNK_BYTES", std::to_string(c.chunk_bytes)}});
+  WorkerGroup workers(
+      cluster, "w", unique_job("allreduce"), c.workers,
+      [&](uint32_t) {
+        return Args{"--count", std::to_string(c.count), "--dtype", c.dtype, "--op", c.redop,
+                    "--ops",   std::to_string(c.ops)};
+      },
+      {{"TALLY_CHUNK_BYTES", std::to_string(c.chunk_bytes)}, {"TALLY_WIRE_DTYPE", c.wire_dtype}});
   for (uint32_t r = 0; r < c.workers; ++r) {
     WorkerOutput out = workers.wait(r, std::chrono::seconds(60));
     EXPECT_EQ(out.exit_code, 0) << "rank " << r << ":\n" << out.out;
@@ -173,6 +175,29 @@ std::vector<Case> types_and_ops() {
     autoplan.ingress_window = window;
     cases.push_back(autoplan);
   }
+  // float32 on the bfloat16 wire: each element within bfloat16's bound of
+  // the float64 sum of its bfloat16-rounded inputs (test_worker.cc); fixed
+  // pieces, the automatic plan (sized on 2-byte elements), and a float64 op
+  // on the same setting (it travels as float64, exact).
+  for (std::string redop : {"sum", "avg"}) {
+    Case wire;
+    wire.workers = 3;
+    wire.shards = 2;
+    wire.count = 5 * kChunkElems + 3;
+    wire.redop = redop;
+    wire.ops = 2;
+    wire.wire_dtype = "bfloat16";
+    cases.push_back(wire);
+  }
+  Case wire_auto = large;
+  wire_auto.chunk_bytes = 0;
+  wire_auto.ops = 2;
+  wire_auto.wire_dtype = "bfloat16";
+  cases.push_back(wire_auto);
+  Case wire_double = wire_auto;
+  wire_double.dtype = "double";
+  wire_double.count = 1009;
+  cases.push_back(wire_double);
   return over_transports(cases);
 }
 
@@ -192,6 +217,7 @@ struct GroupCase {
   std::string dtype = "float";
   std::string redop = "sum";
   std::string pattern = "exact";  // or "noisy": order-dependent floats
+  std::string wire_dtype;         // the workers' TALLY_WIRE_DTYPE; empty: unset
 };
 
 std::string group_case_name(const ::testing::TestParamInfo<GroupCase>& info) {
@@ -204,6 +230,7 @@ std::string group_case_name(const ::testing::TestParamInfo<GroupCase>& info) {
   name += "_" + short_dtype(c.dtype);
   if (c.redop != "sum") name += "_" + c.redop;
   if (c.pattern != "exact") name += "_" + c.pattern;
+  if (!c.wire_dtype.empty()) name += "_wire" + c.wire_dtype;
   return name;
 }
 
@@ -237,11 +264,13 @@ TEST_P(GroupsTest, EveryWorkerOfEveryGroupGetsTheSameExactSum) {
   ASSERT_TRUE(cluster.ok()) << cluster.error();
   std::string counts;
   for (uint64_t n : c.counts) counts += (counts.empty() ? "" : ",") + std::to_string(n);
-  WorkerGroup workers(cluster, "w", unique_job("groups"), c.workers, [&](uint32_t) {
-    return Args{"--counts",  counts,   "--ops", std::to_string(c.counts.size()),
-                "--dtype",   c.dtype,  "--op",  c.redop,
-                "--pattern", c.pattern};
-  });
+  WorkerGroup workers(cluster, "w", unique_job("groups"), c.workers,
+                      [&](uint32_t) {
+                        return Args{"--counts",  counts,   "--ops", std::to_string(c.counts.size()),
+                                    "--dtype",   c.dtype,  "--op",  c.redop,
+                                    "--pattern", c.pattern};
+                      },
+                      {{"TALLY_WIRE_DTYPE", c.wire_dtype}});
   std::map<int, std::string> reference;
   for (uint32_t r = 0; r < c.workers; ++r) {
     WorkerOutput out = workers.wait(r, std::chrono::seconds(90));
@@ -318,6 +347,14 @@ std::vector<GroupCase> order_sensitive() {
       cases.push_back(c);
     }
   }
+  // float32 on the bfloat16 wire over two replica groups.
+  GroupCase wire;
+  wire.workers = 5;
+  wire.shards = 2;
+  wire.groups = 2;
+  wire.counts = {1, 1009, 9477};
+  wire.wire_dtype = "bfloat16";
+  cases.push_back(wire);
   for (std::string dtype : {"int32", "int64"}) {
     GroupCase ints;
     ints.workers = 5;

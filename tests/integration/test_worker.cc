@@ -13,7 +13,8 @@
 // on the order of summation: it is checked against the exact sum within a
 // tolerance, and the result's hash lets the test check that every rank got
 // the same bits. float16 and bfloat16 always use the noisy inputs, checked
-// per element against a float64 reference within their error bound.
+// per element against a float64 reference within their error bound, and so
+// do float32 ops on the bfloat16 wire (TALLY_WIRE_DTYPE=bfloat16).
 //
 // stdout gets one line per op ("op N ok hash H", H the FNV-1a 64 of the
 // result bytes) and a last line "ok" or "error <code name>: <message>".
@@ -27,6 +28,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <thread>
@@ -49,6 +51,9 @@ struct Plan {
   bool keep_going = false;
   std::string stop_file;
   bool noisy = false;
+  // float32 ops on the bfloat16 wire (TALLY_WIRE_DTYPE=bfloat16): noisy
+  // inputs, checked per element like bfloat16's (count_16bit_wrong).
+  bool wire_bf16 = false;
 };
 
 // Whether any rank has seen the stop file (a one-element all-reduce, so
@@ -101,7 +106,12 @@ struct SixteenBit {
   double half_denormal() const { return bf16 ? 0x1p-134 : 0x1p-25; }
 };
 
-size_t count_16bit_wrong(const uint16_t* data, uint64_t count, uint32_t world, bool average,
+// `result(i)`: element i of the result as a double. The same bound holds for
+// float32 tensors on the bfloat16 wire: the client rounds each input to
+// bfloat16 as a bfloat16 tensor's caller would, and widens the bfloat16
+// result exactly.
+template <typename Result>
+size_t count_16bit_wrong(Result result, uint64_t count, uint32_t world, bool average,
                          const SixteenBit& t) {
   size_t wrong = 0;
   for (uint64_t i = 0; i < count; ++i) {
@@ -119,7 +129,7 @@ size_t count_16bit_wrong(const uint16_t* data, uint64_t count, uint32_t world, b
     const double e32 = (world + 1) * 0x1p-24 * magnitude;
     const double u = t.unit_roundoff();
     const double bound = u * std::abs(exact) + (1 + u) * e32 + t.half_denormal();
-    if (!(std::abs(t.widen(data[i]) - exact) <= bound)) ++wrong;
+    if (!(std::abs(result(i) - exact) <= bound)) ++wrong;
   }
   return wrong;
 }
@@ -138,7 +148,7 @@ int run(tally::Client& client, tally::DType dtype, tally::RedOp redop, const Pla
   uint64_t largest = 0;
   for (uint64_t c : plan.counts) largest = std::max(largest, c);
   std::vector<T> data(largest);
-  const SixteenBit sixteen{dtype == tally::DType::kBFloat16};
+  const SixteenBit sixteen{dtype == tally::DType::kBFloat16 || plan.wire_bf16};
   const int ops = plan.ops;
   const int stall_ms = plan.stall_ms;
   const int stall_op = plan.stall_op >= 0 ? plan.stall_op : ops - 1;
@@ -149,7 +159,7 @@ int run(tally::Client& client, tally::DType dtype, tally::RedOp redop, const Pla
     if constexpr (std::is_same_v<T, uint16_t>) {
       for (uint64_t i = 0; i < count; ++i)
         data[i] = sixteen.narrow(static_cast<float>(noisy_value(client.rank(), i)));
-    } else if (plan.noisy) {
+    } else if (plan.noisy || plan.wire_bf16) {
       for (uint64_t i = 0; i < count; ++i) data[i] = static_cast<T>(noisy_value(client.rank(), i));
     } else {
       tally::bench::fill_pattern(data.data(), count, client.rank());
@@ -173,7 +183,20 @@ int run(tally::Client& client, tally::DType dtype, tally::RedOp redop, const Pla
     const bool average = redop == tally::RedOp::kAverage;
     size_t wrong = 0;
     if constexpr (std::is_same_v<T, uint16_t>) {
-      wrong = count_16bit_wrong(data.data(), count, client.world_size(), average, sixteen);
+      wrong = count_16bit_wrong([&](uint64_t i) { return sixteen.widen(data[i]); }, count,
+                                client.world_size(), average, sixteen);
+    } else if (plan.wire_bf16) {
+      wrong = count_16bit_wrong([&](uint64_t i) { return static_cast<double>(data[i]); }, count,
+                                client.world_size(), average, sixteen);
+      // The result came as bfloat16: its low 16 bits are zero (a float32
+      // wire would have left them set in most elements).
+      if constexpr (std::is_same_v<T, float>) {
+        for (uint64_t i = 0; i < count; ++i) {
+          uint32_t bits = 0;
+          std::memcpy(&bits, &data[i], sizeof bits);
+          wrong += (bits & 0xFFFFu) != 0;
+        }
+      }
     } else {
       wrong = plan.noisy
                   ? count_noisy_wrong(data.data(), count, client.world_size(), average)
@@ -245,6 +268,8 @@ int main(int argc, char** argv) {
     std::printf("error bad dtype or op\n");
     return 2;
   }
+  plan.wire_bf16 =
+      *dtype == tally::DType::kFloat32 && options->wire_dtype == tally::DType::kBFloat16;
   auto client = tally::Client::connect(*options);
   if (!client) {
     std::printf("error %s\n", client.status().to_string().c_str());

@@ -133,3 +133,42 @@ def test_sixteen_bit_tensors_are_summed_in_float32(pool, dtype, op, kind):
         np.testing.assert_array_equal(results[rank], results[0])
     for c in clients:
         c.close()
+
+
+@pytest.mark.parametrize("op", ["sum", "avg"])
+def test_float32_on_the_bfloat16_wire_is_within_its_bound(pool, op):
+    """wire_dtype='bfloat16': inputs rounded to bfloat16 for the wire, summed
+    in float32, the result rounded to bfloat16 and widened into the float32
+    tensor (docs/architecture.md, "The bfloat16 wire")."""
+    clients = connect(pool.address, new_job("arwire-%s" % op), WORLD, wire_dtype="bfloat16")
+    count = 9477
+    inputs = [((torch.arange(count, dtype=torch.float64) % 97 + 1).reciprocal() + r)
+              .to(torch.float32) for r in range(WORLD)]
+
+    def run(rank, client):
+        buf = inputs[rank].clone()
+        assert client.allreduce(buf, op=op) is buf
+        assert buf.dtype == torch.float32
+        return buf.to(torch.float64).numpy()
+
+    results = on_every_rank(clients, run)
+    # The reference sums the inputs as the wire carries them.
+    wide = [x.to(torch.bfloat16).to(torch.float64).numpy() for x in inputs]
+    exact = sum(wide)
+    magnitude = sum(np.abs(x) for x in wide)
+    if op == "avg":
+        exact = exact / WORLD
+        magnitude = magnitude / WORLD
+    u, half_denormal = SIXTEEN_BIT["bfloat16"]
+    bound = u * np.abs(exact) + (1 + u) * (WORLD + 1) * 2.0 ** -24 * magnitude + half_denormal
+    for rank in range(WORLD):
+        err = np.abs(results[rank] - exact)
+        bad = np.nonzero(~(err <= bound))[0]
+        assert bad.size == 0, "rank %d: element %d is %r, exact %r, bound %r" % (
+            rank, bad[0], results[rank][bad[0]], exact[bad[0]], bound[bad[0]])
+        # The result travelled as bfloat16: it converts back without loss.
+        wire = torch.from_numpy(results[rank]).to(torch.float32)
+        assert torch.equal(wire.to(torch.bfloat16).to(torch.float32), wire)
+        np.testing.assert_array_equal(results[rank], results[0])
+    for c in clients:
+        c.close()

@@ -8,6 +8,7 @@
 // order of summation. An average is that sum divided by W in the element type.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
@@ -31,16 +32,29 @@ void fill_pattern(T* data, size_t count, uint32_t rank) {
   for (size_t i = 0; i < count; ++i) data[i] = static_cast<T>(pattern_value(rank, i));
 }
 
+// The relative error a float32 result on the bfloat16 wire (TALLY_WIRE_DTYPE)
+// may have against the exact sum of positive inputs: each input rounded to
+// bfloat16 (u = 2^-8), the float32 sum (W * 2^-24, W < 256), the result
+// rounded once more (u): 2u + u^2 + 2^-16 covers it.
+inline constexpr double kBfloat16WireRelativeError = 2 * 0x1p-8 + 0x1p-16 + 0x1p-16;
+
 // Number of elements that differ from the expected result of `redop` (sum
-// or average) over `world_size` ranks' fill_pattern inputs.
+// or average) over `world_size` ranks' fill_pattern inputs; with `relative`
+// > 0, by more than relative * |expected|.
 template <typename T>
-size_t count_wrong(const T* data, size_t count, uint32_t world_size, RedOp redop) {
+size_t count_wrong(const T* data, size_t count, uint32_t world_size, RedOp redop,
+                   double relative = 0) {
   const bool average = redop == RedOp::kAverage;
   size_t wrong = 0;
   for (size_t i = 0; i < count; ++i) {
     T expected = static_cast<T>(pattern_sum(world_size, i));
     if (average) expected = static_cast<T>(expected / static_cast<T>(world_size));
-    if (data[i] != expected) ++wrong;
+    if (relative > 0) {
+      const double e = static_cast<double>(expected);
+      if (!(std::abs(static_cast<double>(data[i]) - e) <= relative * std::abs(e))) ++wrong;
+    } else if (data[i] != expected) {
+      ++wrong;
+    }
   }
   return wrong;
 }

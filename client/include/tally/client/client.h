@@ -58,6 +58,14 @@ struct ClientOptions {
   // exactly this size (rounded down to whole elements); at least 8, at most
   // the reducers' maximum. Every rank must use the same value.
   size_t chunk_bytes = 0;
+  // Unset: every tensor travels in its own dtype. kBFloat16
+  // (TALLY_WIRE_DTYPE=bfloat16): float32 tensors are rounded to bfloat16
+  // (nearest even) for the wire and their results come back as bfloat16,
+  // widened into the caller's buffer: half the bytes each way, at a relative
+  // error of about 2^-8 per element (docs/architecture.md, "The bfloat16
+  // wire"). Tensors of any other dtype travel in their own. Every rank must
+  // use the same value.
+  std::optional<DType> wire_dtype;
   // Reducers fail an op whose contributions are not all in by then.
   std::chrono::milliseconds op_timeout{60000};
   // How long connect() keeps trying to reach every reducer.
@@ -83,8 +91,8 @@ struct ClientOptions {
 // TALLY_GROUP_SIZES, TALLY_CHUNK_BYTES, TALLY_OP_TIMEOUT_MS,
 // TALLY_CONNECT_TIMEOUT_MS, TALLY_HEARTBEAT_MS, TALLY_PEER_TIMEOUT_MS,
 // TALLY_TRANSPORT, TALLY_FABRIC_PROVIDER (else FI_PROVIDER),
-// TALLY_FABRIC_FORCE_REGISTRATION, TALLY_FABRIC_MAX_MSG_BYTES, TALLY_SECRET,
-// TALLY_SECRET_FILE
+// TALLY_FABRIC_FORCE_REGISTRATION, TALLY_FABRIC_MAX_MSG_BYTES,
+// TALLY_WIRE_DTYPE, TALLY_SECRET, TALLY_SECRET_FILE
 // (docs/configuration.md). Errors: kInvalidArgument naming the variable.
 Result<ClientOptions> client_options_from_env();
 // Checks the options; the same checks connect() applies.

@@ -38,8 +38,9 @@ inline constexpr uint64_t kDefaultMaxChunkBytes = 4u << 20;  // the reducer's --
 inline constexpr uint64_t kMaxChunkBytesLimit = 1u << 30;
 
 // The most elements of `dtype` one piece may hold at a reducer whose
-// Welcome says `max_chunk_bytes` (its slab size). At least 1. The one place
-// that knows how a reducer's slab relates to a piece's elements.
+// Welcome says `max_chunk_bytes` (its slab size): 16-bit types are summed in
+// float32 accumulators (4 bytes each), others in their own size. At least 1.
+// The one place that knows how a reducer's slab relates to a piece.
 uint64_t max_piece_elements(uint64_t max_chunk_bytes, DType dtype);
 
 struct PlanSettings {
