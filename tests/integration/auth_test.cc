@@ -4,16 +4,12 @@
 // impersonation" is tried here and shown refused.
 #include <gtest/gtest.h>
 
-#include <boost/asio/connect.hpp>
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/ip/tcp.hpp>
-#include <boost/asio/write.hpp>
 #include <chrono>
 #include <fstream>
 #include <string>
-#include <thread>
 
 #include "harness.h"
+#include "raw_peer.h"
 #include "tally.pb.h"
 #include "tally/protocol/frame.h"
 #include "tally/protocol/tcp_transport.h"
@@ -21,8 +17,6 @@
 namespace tally::testing {
 namespace {
 
-namespace asio = boost::asio;
-using asio::ip::tcp;
 using namespace std::chrono_literals;
 
 constexpr const char* kSecret = "3f7c1e0a9b2d4c6e8f0a1b2c3d4e5f60";
@@ -32,65 +26,6 @@ std::string write_secret(const TempDir& dir, const std::string& name, const std:
   const std::string path = dir.path() + "/" + name;
   std::ofstream(path) << secret << "\n";
   return path;
-}
-
-// A stranger on a reducer's port: sends control messages, reads what comes.
-class Stranger {
- public:
-  explicit Stranger(const std::string& address) : socket_(io_) {
-    auto hp = parse_host_port(address);
-    tcp::resolver resolver(io_);
-    asio::connect(socket_, resolver.resolve(hp->host, std::to_string(hp->port)));
-  }
-  void send_control(const wire::Control& message) {
-    std::string payload = message.SerializeAsString();
-    FrameHeader h;
-    h.kind = FrameKind::kControl;
-    h.length = payload.size();
-    auto bytes = encode_header(h);
-    // The reducer may have closed the stream already (refused): a failed
-    // write is then expected, and what it sent is read below.
-    boost::system::error_code ec;
-    asio::write(socket_, asio::buffer(bytes.data(), bytes.size()), ec);
-    if (!ec) asio::write(socket_, asio::buffer(payload), ec);
-  }
-  // Everything the reducer sends until it closes the stream (or `timeout`).
-  std::string read_until_closed(std::chrono::milliseconds timeout, bool* closed) {
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    socket_.non_blocking(true);
-    std::string out;
-    char buf[4096];
-    *closed = false;
-    while (std::chrono::steady_clock::now() < deadline) {
-      boost::system::error_code ec;
-      size_t n = socket_.read_some(asio::buffer(buf), ec);
-      if (ec == asio::error::would_block) {
-        std::this_thread::sleep_for(5ms);
-        continue;
-      }
-      if (ec) {
-        *closed = true;
-        break;
-      }
-      out.append(buf, n);
-    }
-    return out;
-  }
-
- private:
-  asio::io_context io_;
-  tcp::socket socket_;
-};
-
-wire::Control stranger_hello(const std::string& job, uint32_t rank, uint32_t world) {
-  wire::Control m;
-  auto* h = m.mutable_hello();
-  h->set_protocol_version(kProtocolVersion);
-  h->set_job(job);
-  h->set_rank(rank);
-  h->set_world_size(world);
-  h->set_op_timeout_ms(5000);
-  return m;
 }
 
 struct AuthPool {
@@ -166,11 +101,10 @@ TEST(Auth, AStrangerLearnsNothingAndTakesNoRank) {
   ASSERT_TRUE(eventually([&] { return contains(cluster.reducer_log(0), "rank 0/2"); }, 20s))
       << cluster.reducer_log(0);
   for (uint32_t world : {2u, 3u}) {  // the job's world size, and another one
-    Stranger s(cluster.addresses()[0]);
-    s.send_control(stranger_hello(job, 1, world));
-    bool closed = false;
-    const std::string got = s.read_until_closed(5s, &closed);
-    EXPECT_TRUE(closed);
+    RawPeer s(cluster.addresses()[0]);
+    s.send_control(raw_hello(job, 1, world));
+    std::string got;
+    EXPECT_TRUE(s.closed_within(5s, &got));
     EXPECT_TRUE(contains(got, "serves authenticated jobs only")) << got;
     EXPECT_FALSE(contains(got, "world size")) << got;
     EXPECT_FALSE(contains(got, "127.0.0.1")) << got;
@@ -195,15 +129,8 @@ TEST(Auth, ReplicaImpersonationIsRefused) {
   ASSERT_TRUE(cluster.ok()) << cluster.error();
   expect_allreduce_works(cluster, 4, "replica-auth-before");
   for (int i = 0; i < 2; ++i) {
-    Stranger s(cluster.addresses()[0]);
-    wire::Control m;
-    auto* h = m.mutable_replica_hello();
-    h->set_protocol_version(kProtocolVersion);
-    h->set_shard(0);
-    h->set_shard_count(1);
-    h->set_group(1);
-    h->set_group_count(2);
-    s.send_control(m);
+    RawPeer s(cluster.addresses()[0]);
+    s.send_control(raw_replica_hello());
     if (i == 1) {
       wire::Control forged;
       forged.mutable_replica_error()->set_job("any");
@@ -211,9 +138,8 @@ TEST(Auth, ReplicaImpersonationIsRefused) {
       forged.mutable_replica_error()->mutable_error()->set_message("forged by a stranger");
       s.send_control(forged);
     }
-    bool closed = false;
-    const std::string got = s.read_until_closed(5s, &closed);
-    EXPECT_TRUE(closed);
+    std::string got;
+    EXPECT_TRUE(s.closed_within(5s, &got));
     EXPECT_TRUE(contains(got, "does not authenticate")) << got;
   }
   expect_allreduce_works(cluster, 4, "replica-auth-after");
@@ -231,15 +157,8 @@ TEST(Auth, AStrangersReplicaStreamDoesNotTakeOverTheLiveLink) {
   ASSERT_TRUE(cluster.ok()) << cluster.error();
   expect_allreduce_works(cluster, 4, "replica-live-before");
   {
-    Stranger s(cluster.addresses()[0]);
-    wire::Control m;
-    auto* h = m.mutable_replica_hello();
-    h->set_protocol_version(kProtocolVersion);
-    h->set_shard(0);
-    h->set_shard_count(1);
-    h->set_group(1);
-    h->set_group_count(2);
-    s.send_control(m);
+    RawPeer s(cluster.addresses()[0]);
+    s.send_control(raw_replica_hello());
     // Counted up as a second inbound stream of group 1 (two "from" lines).
     ASSERT_TRUE(eventually(
         [&] {

@@ -24,23 +24,14 @@ TEST(Bench, SweepPrintsTheTableWithNoWrongResults) {
   TempDir tmp;
   ASSERT_TRUE(tmp.ok());
   const std::string& dir = tmp.path();
-  bench::ProcessSpec spec;
-  spec.path = TALLY_BENCH_PATH;
-  spec.args = {"-W",  "3",      "-r",
-               "2",   "-b",     "4K",
-               "-e",  "256K",   "-f",
-               "4",   "-w",     "1",
-               "-n",  "2",      "--chunk-bytes",
-               "64K", "--json", dir + "/out.json"};
-  spec.env = {{"TALLY_REDUCER", TALLY_REDUCER_PATH}};
-  spec.stdout_path = dir + "/stdout";
-  spec.stderr_path = dir + "/stderr";
-  auto p = bench::Process::spawn(spec);
-  ASSERT_TRUE(p) << p.status().to_string();
-  auto st = p->wait_for(60s);
-  const std::string out = read_file(dir + "/stdout");
-  ASSERT_TRUE(st.has_value());
-  EXPECT_EQ(*st, 0) << out << read_file(dir + "/stderr");
+  const BenchRun run =
+      run_bench(dir,
+                {"-W", "3", "-r", "2", "-b", "4K", "-e", "256K", "-f", "4", "-w", "1", "-n", "2",
+                 "--chunk-bytes", "64K", "--json", dir + "/out.json"},
+                60s);
+  const std::string& out = run.out;
+  ASSERT_TRUE(run.status.has_value());
+  EXPECT_EQ(*run.status, 0) << out << run.err;
   EXPECT_TRUE(contains(out, "transport=tcp W=3 S=2 G=1 chunk=64KiB")) << out;
   EXPECT_TRUE(contains(out, "algbw(GB/s)")) << out;
   EXPECT_TRUE(contains(out, "# Out of bounds values : 0 OK")) << out;
@@ -63,20 +54,13 @@ TEST(Bench, GroupSweepReportsBytesPerReducer) {
   TempDir tmp;
   ASSERT_TRUE(tmp.ok());
   const std::string& dir = tmp.path();
-  bench::ProcessSpec spec;
-  spec.path = TALLY_BENCH_PATH;
-  spec.args = {"-W",     "6",  "-r", "2",  "-G", "3",  "-b", "64K",           "-e",
-               "256K",   "-f", "4",  "-w", "1",  "-n", "4",  "--chunk-bytes", "16K",
-               "--bytes"};
-  spec.env = {{"TALLY_REDUCER", TALLY_REDUCER_PATH}};
-  spec.stdout_path = dir + "/stdout";
-  spec.stderr_path = dir + "/stderr";
-  auto p = bench::Process::spawn(spec);
-  ASSERT_TRUE(p) << p.status().to_string();
-  auto st = p->wait_for(90s);
-  const std::string out = read_file(dir + "/stdout");
-  ASSERT_TRUE(st.has_value());
-  EXPECT_EQ(*st, 0) << out << read_file(dir + "/stderr");
+  const BenchRun run = run_bench(dir,
+                                 {"-W", "6", "-r", "2", "-G", "3", "-b", "64K", "-e", "256K", "-f",
+                                  "4", "-w", "1", "-n", "4", "--chunk-bytes", "16K", "--bytes"},
+                                 90s);
+  const std::string& out = run.out;
+  ASSERT_TRUE(run.status.has_value());
+  EXPECT_EQ(*run.status, 0) << out << run.err;
   EXPECT_TRUE(contains(out, "transport=tcp W=6 S=2 G=3 chunk=16KiB")) << out;
   EXPECT_TRUE(contains(out, "# Out of bounds values : 0 OK")) << out;
   // One row per size and reducer.
@@ -205,19 +189,13 @@ TEST(Bench, CompareRunsGlooAndMpiAndPrintsTheRatios) {
   TempDir tmp;
   ASSERT_TRUE(tmp.ok());
   const std::string& dir = tmp.path();
-  bench::ProcessSpec spec;
-  spec.path = TALLY_BENCH_PATH;
-  spec.args = {"--compare", "gloo,mpi", "-W", "2", "-r", "2", "-b", "64K",
-               "-e",        "256K",     "-f", "4", "-w", "1", "-n", "2"};
-  spec.env = {{"TALLY_REDUCER", TALLY_REDUCER_PATH}};
-  spec.stdout_path = dir + "/stdout";
-  spec.stderr_path = dir + "/stderr";
-  auto p = bench::Process::spawn(spec);
-  ASSERT_TRUE(p) << p.status().to_string();
-  auto st = p->wait_for(90s);
-  const std::string out = read_file(dir + "/stdout");
-  ASSERT_TRUE(st.has_value());
-  EXPECT_EQ(*st, 0) << out << read_file(dir + "/stderr");
+  const BenchRun run = run_bench(dir,
+                                 {"--compare", "gloo,mpi", "-W", "2", "-r", "2", "-b", "64K", "-e",
+                                  "256K", "-f", "4", "-w", "1", "-n", "2"},
+                                 90s);
+  const std::string& out = run.out;
+  ASSERT_TRUE(run.status.has_value());
+  EXPECT_EQ(*run.status, 0) << out << run.err;
   for (const char* peer : {"gloo", "mpi"}) {
     const std::string missing = std::string("# ") + peer + ": unavailable: CMake did not find";
     if (contains(out, missing)) GTEST_SKIP() << peer << " was not built: " << out;

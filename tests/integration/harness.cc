@@ -219,6 +219,22 @@ bool contains(const std::string& s, const std::string& what) {
   return s.find(what) != std::string::npos;
 }
 
+BenchRun run_bench(const std::string& dir, const Args& args, std::chrono::milliseconds timeout) {
+  bench::ProcessSpec spec;
+  spec.path = TALLY_BENCH_PATH;
+  spec.args = args;
+  spec.env = {{"TALLY_REDUCER", TALLY_REDUCER_PATH}};
+  spec.stdout_path = dir + "/stdout";
+  spec.stderr_path = dir + "/stderr";
+  auto p = bench::Process::spawn(spec);
+  EXPECT_TRUE(p) << p.status().to_string();
+  BenchRun run;
+  if (p) run.status = p->wait_for(timeout);
+  run.out = read_file(dir + "/stdout");
+  run.err = read_file(dir + "/stderr");
+  return run;
+}
+
 void expect_allreduce_works(TestCluster& cluster, uint32_t workers, const std::string& tag,
                             const std::map<std::string, std::string>& env) {
   WorkerGroup group(

@@ -185,6 +185,15 @@ struct TrafficRow {
 // Every such row of the bench's output, in order.
 std::vector<TrafficRow> traffic_rows(const std::string& bench_output);
 
+// tally-bench run to its end from a test: stdout and stderr in dir/stdout
+// and dir/stderr; status nullopt when killed at the deadline.
+struct BenchRun {
+  std::optional<int> status;
+  std::string out;
+  std::string err;
+};
+BenchRun run_bench(const std::string& dir, const Args& args, std::chrono::milliseconds timeout);
+
 // Runs a normal all-reduce of `workers` ranks (3 ops, multi-chunk) on the
 // cluster's transport and expects every rank to finish with exact results
 // within 30 s.

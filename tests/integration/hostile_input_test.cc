@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "harness.h"
+#include "raw_peer.h"
 #include "tally.pb.h"
 #include "tally/protocol/frame.h"
 #include "tally/protocol/tcp_transport.h"
@@ -28,104 +29,6 @@ namespace {
 namespace asio = boost::asio;
 using asio::ip::tcp;
 using namespace std::chrono_literals;
-
-// A raw TCP peer speaking (or not speaking) the protocol to a reducer.
-class RawPeer {
- public:
-  explicit RawPeer(const std::string& address) : socket_(io_) {
-    auto hp = parse_host_port(address);
-    tcp::resolver resolver(io_);
-    asio::connect(socket_, resolver.resolve(hp->host, std::to_string(hp->port)));
-  }
-  void send(const void* data, size_t n) { asio::write(socket_, asio::buffer(data, n)); }
-  // Sends one frame without blocking past `deadline`; false once the
-  // reducer has closed the stream (or the deadline passed with it full).
-  bool try_send_frame(const FrameHeader& h, const std::string& payload,
-                      std::chrono::steady_clock::time_point deadline) {
-    auto bytes = encode_header(h);
-    std::string frame(reinterpret_cast<const char*>(bytes.data()), bytes.size());
-    frame += payload;
-    socket_.non_blocking(true);
-    size_t sent = 0;
-    while (sent < frame.size()) {
-      boost::system::error_code ec;
-      sent += socket_.write_some(asio::buffer(frame.data() + sent, frame.size() - sent), ec);
-      if (ec == asio::error::would_block) {
-        if (std::chrono::steady_clock::now() > deadline) return false;
-        std::this_thread::sleep_for(5ms);
-        continue;
-      }
-      if (ec) return false;
-    }
-    return true;
-  }
-  void send_frame(const FrameHeader& h, const std::string& payload) {
-    auto bytes = encode_header(h);
-    send(bytes.data(), bytes.size());
-    if (!payload.empty()) send(payload.data(), payload.size());
-  }
-  void send_control(const wire::Control& message) {
-    std::string payload = message.SerializeAsString();
-    FrameHeader h;
-    h.kind = FrameKind::kControl;
-    h.length = payload.size();
-    send_frame(h, payload);
-  }
-  // Reads until `received` contains `what`, the stream closes or `timeout`
-  // passes; returns whether `what` came.
-  bool received_within(const std::string& what, std::chrono::milliseconds timeout,
-                       std::string* received) {
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    socket_.non_blocking(true);
-    char buf[4096];
-    while (std::chrono::steady_clock::now() < deadline) {
-      if (received->find(what) != std::string::npos) return true;
-      boost::system::error_code ec;
-      size_t n = socket_.read_some(asio::buffer(buf), ec);
-      if (ec == asio::error::would_block) {
-        std::this_thread::sleep_for(5ms);
-        continue;
-      }
-      if (ec) break;
-      received->append(buf, n);
-    }
-    return received->find(what) != std::string::npos;
-  }
-  // Reads until the reducer closes the stream or `timeout` passes; returns
-  // whether it closed, and what it sent in `received`.
-  bool closed_within(std::chrono::milliseconds timeout, std::string* received = nullptr) {
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    socket_.non_blocking(true);
-    char buf[4096];
-    while (std::chrono::steady_clock::now() < deadline) {
-      boost::system::error_code ec;
-      size_t n = socket_.read_some(asio::buffer(buf), ec);
-      if (ec == asio::error::would_block) {
-        std::this_thread::sleep_for(5ms);
-        continue;
-      }
-      if (ec) return true;  // eof or reset
-      if (received) received->append(buf, n);
-    }
-    return false;
-  }
-
- private:
-  asio::io_context io_;
-  tcp::socket socket_;
-};
-
-wire::Control hello(const std::string& job, uint32_t rank, uint32_t world,
-                    uint32_t version = kProtocolVersion) {
-  wire::Control m;
-  auto* h = m.mutable_hello();
-  h->set_protocol_version(version);
-  h->set_job(job);
-  h->set_rank(rank);
-  h->set_world_size(world);
-  h->set_op_timeout_ms(5000);
-  return m;
-}
 
 TEST(Fault, GarbageAndHostileFramesCloseOnlyThatConnection) {
   PoolSpec spec;
@@ -189,7 +92,7 @@ TEST(Fault, GarbageAndHostileFramesCloseOnlyThatConnection) {
   {  // Hello, then a contribution that claims another rank, larger than the buffers.
     RawPeer peer(address);
     const std::string job = unique_job("hostile");
-    peer.send_control(hello(job, 0, 2));
+    peer.send_control(raw_hello(job, 0, 2));
     FrameHeader h;
     h.kind = FrameKind::kContribution;
     h.job = job_id(job);
@@ -223,7 +126,7 @@ TEST(Fault, OtherProtocolVersionGetsAClearError) {
   const std::string named = "version " + std::to_string(other);
   {  // Another version in the Hello: the reducer answers with an Error, then closes.
     RawPeer peer(cluster.addresses()[0]);
-    peer.send_control(hello(unique_job("vnext"), 0, 1, other));
+    peer.send_control(raw_hello(unique_job("vnext"), 0, 1, other));
     std::string received;
     EXPECT_TRUE(peer.closed_within(5s, &received));
     ASSERT_GE(received.size(), kFrameHeaderBytes);
@@ -254,7 +157,7 @@ TEST(Fault, HugeWorldSizeIsRefused) {
   TestCluster cluster(PoolSpec{});
   ASSERT_TRUE(cluster.ok()) << cluster.error();
   RawPeer peer(cluster.addresses()[0]);
-  peer.send_control(hello(unique_job("huge"), 0, 4294967295u));
+  peer.send_control(raw_hello(unique_job("huge"), 0, 4294967295u));
   std::string received;
   EXPECT_TRUE(peer.closed_within(5s, &received));
   EXPECT_TRUE(contains(received, "exceeds this reducer's maximum")) << received;
@@ -271,7 +174,7 @@ TEST(Fault, HugeJobTimeoutErrorIsBoundedAndDeliverable) {
   ASSERT_TRUE(cluster.ok()) << cluster.error();
   const std::string job = unique_job("huge-timeout");
   RawPeer peer(cluster.addresses()[0]);
-  wire::Control h = hello(job, 0, 65536);
+  wire::Control h = raw_hello(job, 0, 65536);
   h.mutable_hello()->set_op_timeout_ms(1);
   peer.send_control(h);
   std::string received;
@@ -343,7 +246,7 @@ TEST(Fault, APeerThatDoesNotReadIsCutOff) {
   ASSERT_TRUE(cluster.ok()) << cluster.error();
   const std::string job = unique_job("no-reader");
   RawPeer peer(cluster.addresses()[0]);
-  peer.send_control(hello(job, 0, 1));
+  peer.send_control(raw_hello(job, 0, 1));
   const std::string payload(4096, '\0');
   bool cut = false;
   const auto deadline = std::chrono::steady_clock::now() + 30s;

@@ -1,0 +1,56 @@
+// A raw TCP peer speaking (or not speaking) the protocol to a reducer: the
+// hostile-input, bounded-resource and authentication tests act as strangers
+// with it. Writes to a stream the reducer has closed are not errors here:
+// what the reducer sent before closing is read back afterwards.
+#pragma once
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "tally.pb.h"
+#include "tally/protocol/frame.h"
+
+namespace tally::testing {
+
+class RawPeer {
+ public:
+  explicit RawPeer(const std::string& address);
+
+  void send(const void* data, size_t n);
+  void send_frame(const FrameHeader& h, const std::string& payload);
+  void send_control(const wire::Control& message);
+  // Sends one frame without blocking past `deadline`; false once the
+  // reducer has closed the stream (or the deadline passed with it full).
+  bool try_send_frame(const FrameHeader& h, const std::string& payload,
+                      std::chrono::steady_clock::time_point deadline);
+
+  // Reads until `received` contains `what`, the stream closes or `timeout`
+  // passes; returns whether `what` came.
+  bool received_within(const std::string& what, std::chrono::milliseconds timeout,
+                       std::string* received);
+  // Reads until the reducer closes the stream or `timeout` passes; returns
+  // whether it closed, and what it sent in `received`.
+  bool closed_within(std::chrono::milliseconds timeout, std::string* received = nullptr);
+
+ private:
+  // Reads into `received` until `done()`, the stream's end (returns true)
+  // or `timeout` (returns false).
+  bool read_until(const std::function<bool()>& done, std::chrono::milliseconds timeout,
+                  std::string* received);
+
+  boost::asio::io_context io_;
+  boost::asio::ip::tcp::socket socket_;
+};
+
+// A worker's Hello for `job` (op timeout 5 s).
+wire::Control raw_hello(const std::string& job, uint32_t rank, uint32_t world,
+                        uint32_t version = kProtocolVersion);
+
+// A ReplicaHello from group 1 of 2 to shard 0 of 1, without authentication.
+wire::Control raw_replica_hello();
+
+}  // namespace tally::testing
