@@ -164,6 +164,7 @@ std::vector<uint16_t> every_pattern_and_random(size_t n, uint32_t seed) {
 template <typename T>
 void expect_same_bits(const std::vector<T>& got, const std::vector<T>& want, const char* what) {
   ASSERT_EQ(got.size(), want.size());
+  if (got.empty()) return;  // memcmp's pointers must not be null, even for 0 bytes
   ASSERT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(T)), 0) << [&] {
     for (size_t i = 0; i < got.size(); ++i) {
       if (std::memcmp(&got[i], &want[i], sizeof(T)) != 0) {
