@@ -15,6 +15,12 @@ namespace asio = boost::asio;
 
 // A goodbye's reason is quoted in other ranks' errors; keep it readable.
 constexpr size_t kMaxReasonBytes = 1024;
+// How long a Hello refused for stale state (WorkerSession::join) keeps
+// trying, and how often. The reducer reads a closed stream's end within
+// milliseconds once it runs; a worker whose old stream vanished without a
+// trace is seen lost by the peer timeout instead, and is refused after this.
+constexpr std::chrono::milliseconds kStaleStateGrace{2000};
+constexpr std::chrono::milliseconds kStaleStateRetry{20};
 
 WorkerSession::WorkerSession(std::shared_ptr<SessionContext> context,
                              std::shared_ptr<Connection> conn)
@@ -103,8 +109,10 @@ void WorkerSession::on_control(const wire::Control& message) {
 }
 
 void WorkerSession::on_closed(const Status& why) {
+  closed_ = true;
   pending_.reset();
   if (auth_timer_) auth_timer_->cancel();
+  if (join_timer_) join_timer_->cancel();
   if (job_) {
     if (why.code() == ErrorCode::kCancelled || said_goodbye_) {
       spdlog::info("stream of job '{}' rank {} ({}) closed: {}", job_->name(), rank_, peer_,
@@ -127,7 +135,7 @@ std::string WorkerSession::identity(const wire::Hello& hello) {
 }
 
 void WorkerSession::on_hello(const wire::Hello& hello) {
-  if (job_ || pending_hello_) {
+  if (job_ || pending_hello_ || join_timer_) {
     return reject_stream(conn_, Status(ErrorCode::kProtocol, "second hello from " + peer_));
   }
   if (hello.protocol_version() != kProtocolVersion) {
@@ -195,9 +203,30 @@ void WorkerSession::admit(const wire::Hello& hello, bool authenticated) {
   if (Status s = conn_->attach_data_path(hello.data_path()); !s.is_ok()) {
     return reject_stream(conn_, s);
   }
-  auto job = context_->jobs->admit(hello, authenticated, shared_from_this());
-  if (!job) return reject_stream(conn_, job.status());
+  join(std::make_shared<const wire::Hello>(hello), authenticated,
+       std::chrono::steady_clock::now() + kStaleStateGrace);
+}
+
+void WorkerSession::join(std::shared_ptr<const wire::Hello> hello, bool authenticated,
+                         std::chrono::steady_clock::time_point deadline) {
+  if (closed_ || context_->stopped) return;
+  auto job = context_->jobs->admit(*hello, authenticated, shared_from_this());
+  if (!job) {
+    const ErrorCode code = job.status().code();
+    const bool stale = code == ErrorCode::kAlreadyExists || code == ErrorCode::kUnavailable;
+    if (!stale || std::chrono::steady_clock::now() + kStaleStateRetry > deadline) {
+      return reject_stream(conn_, job.status());
+    }
+    join_timer_.emplace(conn_->executor(), kStaleStateRetry);
+    join_timer_->async_wait([weak = weak_from_this(), hello = std::move(hello), authenticated,
+                             deadline](const boost::system::error_code& ec) {
+      auto self = weak.lock();
+      if (!ec && self) self->join(hello, authenticated, deadline);
+    });
+    return;
+  }
   job_ = *job;
+  const wire::Hello& h = *hello;
   const ReducerOptions& o = context_->options;
   wire::Control welcome;
   auto* w = welcome.mutable_welcome();
@@ -215,11 +244,10 @@ void WorkerSession::admit(const wire::Hello& hello, bool authenticated) {
   TALLY_CHECK(conn_->describe_data_path(w->mutable_data_path()).is_ok());  // attached above
   if (authenticated) {
     w->set_auth_proof(
-        auth_mac(o.job_secret, AuthRole::kReducer, worker_nonce_, reducer_nonce_, identity(hello)));
+        auth_mac(o.job_secret, AuthRole::kReducer, worker_nonce_, reducer_nonce_, identity(h)));
   }
   conn_->send_control(welcome);
-  spdlog::info("rank {}/{} of job '{}' joined from {}", rank_, hello.world_size(), job_->name(),
-               peer_);
+  spdlog::info("rank {}/{} of job '{}' joined from {}", rank_, h.world_size(), job_->name(), peer_);
 }
 
 }  // namespace tally

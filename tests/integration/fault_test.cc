@@ -9,6 +9,8 @@
 #include <signal.h>
 
 #include <chrono>
+#include <fstream>
+#include <sstream>
 #include <string>
 
 #include "harness.h"
@@ -270,6 +272,66 @@ TEST(Fault, DuplicateRankIsRefused) {
   EXPECT_TRUE(contains(out.out, "already_exists")) << out.out;
   EXPECT_TRUE(contains(out.out, "rank 0")) << out.out;
   first.terminate(100ms);
+}
+
+// Established TCP connections on loopback whose local port is `port` (the
+// server's ends of the streams to a listener), from /proc/net/tcp.
+int established_to(int port) {
+  std::ifstream in("/proc/net/tcp");
+  std::string line;
+  std::getline(in, line);  // the header
+  int n = 0;
+  while (std::getline(in, line)) {
+    std::istringstream f(line);
+    std::string slot, local, remote, state;
+    if (!(f >> slot >> local >> remote >> state)) continue;
+    const auto colon = local.find(':');
+    if (colon == std::string::npos) continue;
+    if (std::stoi(local.substr(colon + 1), nullptr, 16) == port && state == "01") ++n;
+  }
+  return n;
+}
+
+// Finding 8 of issue 12: a reducer is stopped (SIGSTOP) long enough for
+// its workers to give up on it (their peer timeout), the job reconnects
+// under the same name, and the reducer is continued. Its old streams' ends
+// and the new Hellos arrive together; the new ranks are taken once the old
+// ones have left instead of being refused ("already connected", "job has
+// failed").
+TEST(Fault, HungReducerTakesTheReconnectingJobAtOnce) {
+  TestCluster cluster(PoolSpec{});
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  const std::string job = unique_job("hung");
+  const std::map<std::string, std::string> quick{{"TALLY_HEARTBEAT_MS", "100"},
+                                                 {"TALLY_PEER_TIMEOUT_MS", "1000"}};
+  WorkerGroup first(
+      cluster, "a", job, 2,
+      [](uint32_t) {
+        return Args{"--count", "1009", "--ops", "1000000"};
+      },
+      quick);
+  ASSERT_TRUE(eventually([&] { return contains(first.stdout_of(1), "op 5 ok"); }, 30s))
+      << first.stdout_of(1);
+  cluster.reducer(0).signal(SIGSTOP);
+  for (uint32_t r = 0; r < 2; ++r) {
+    auto out = first.wait(r, 20s);
+    EXPECT_NE(out.exit_code, 0) << out.out;
+  }
+  // The new ranks connect and say hello while the reducer is still stopped
+  // (the kernel takes the connections), so it sees them with the old ends.
+  WorkerGroup second(
+      cluster, "b", job, 2,
+      [](uint32_t) {
+        return Args{"--count", "1009"};
+      },
+      quick);
+  const std::string port = cluster.addresses()[0].substr(cluster.addresses()[0].rfind(':') + 1);
+  ASSERT_TRUE(eventually([&] { return established_to(std::stoi(port)) >= 2; }, 20s));
+  cluster.reducer(0).signal(SIGCONT);
+  for (uint32_t r = 0; r < 2; ++r) {
+    auto out = second.wait(r, 30s);
+    EXPECT_EQ(out.exit_code, 0) << out.out;
+  }
 }
 
 TEST(Fault, PoolListedOutOfShardOrderIsRefused) {
