@@ -224,12 +224,6 @@ int main(int argc, char** argv) {
     spdlog::error("--require-auth needs the job secret (--job-secret-file or TALLY_JOB_SECRET)");
     return 2;
   }
-  if (!options.require_auth) {
-    spdlog::warn(
-        "authentication is not required (--require-auth is off): anyone who reaches {} can join "
-        "a job whose workers hold no secret",
-        listen);
-  }
 
   // Signals are taken synchronously by this thread; the I/O threads inherit
   // the mask and never see them.
@@ -244,6 +238,12 @@ int main(int argc, char** argv) {
   if (!reducer) {
     spdlog::error("cannot start: {}", reducer.status().to_string());
     return 1;
+  }
+  if (!options.require_auth) {
+    spdlog::warn(
+        "authentication is not required (--require-auth is off): anyone who reaches {} can join "
+        "a job whose workers hold no secret",
+        (*reducer)->address().to_string());
   }
   const tally::ReducerIdentity identity{options.shard, options.shard_count, options.group,
                                         options.group_count, options.transport};
