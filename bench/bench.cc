@@ -32,6 +32,7 @@
 #include <thread>
 
 #include "compare.h"
+#include "load.h"
 #include "tally/bench/local_pool.h"
 #include "tally/bench/metrics_scrape.h"
 #include "tally/bench/netlab.h"
@@ -213,6 +214,9 @@ int run_phase(const Phase& phase, const PhaseOptions& options) {
 int main(int argc, char** argv) {
   using namespace tally;
   using namespace tally::bench;
+  if (argc > 1 && (std::string_view(argv[1]) == "load" || std::string_view(argv[1]) == "chaos")) {
+    return load_main(argc - 1, argv + 1);
+  }
   SweepOptions sweep;
   bool worker = false;
   std::string pool;
@@ -364,12 +368,7 @@ int main(int argc, char** argv) {
   }
   // Ctrl-C and SIGTERM stop every wait; the children are terminated and
   // everything made (pool, lab, scratch) is removed on the way out.
-  struct sigaction sa {};
-  sa.sa_handler = [](int) { g_stop = 1; };
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
-  sigaction(SIGHUP, &sa, nullptr);
+  stop_on_signals();
   struct Scratch {
     std::string dir;
     ~Scratch() {
@@ -427,15 +426,9 @@ int main(int argc, char** argv) {
     // The local pool runs as a pool should: jobs authenticate with a job
     // secret made for this run (the handshake is timed outside the sweep).
     secret_file = scratch.dir + "/job.secret";
-    {
-      std::string hex;
-      for (unsigned char c : make_nonce()) {
-        static const char* digits = "0123456789abcdef";
-        hex += digits[c >> 4];
-        hex += digits[c & 15];
-      }
-      std::ofstream(secret_file) << hex << "\n";
-      chmod(secret_file.c_str(), 0600);
+    if (Status st = write_job_secret(secret_file); !st) {
+      spdlog::error("{}", st.to_string());
+      return 2;
     }
     LocalPoolOptions lo;
     lo.shards = reducers;

@@ -15,6 +15,15 @@ namespace tally::bench {
 
 volatile int g_stop = 0;
 
+void stop_on_signals() {
+  struct sigaction sa {};
+  sa.sa_handler = [](int) { g_stop = 1; };
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGHUP, &sa, nullptr);
+}
+
 namespace {
 
 std::string read_text(const std::string& path) {

@@ -18,6 +18,8 @@ namespace tally::bench {
 // Set by the driver's SIGINT/SIGTERM handler: every wait stops, the
 // children are terminated and everything made is removed.
 extern volatile int g_stop;
+// Installs the handler that sets g_stop on SIGINT, SIGTERM and SIGHUP.
+void stop_on_signals();
 
 // The peers --compare knows, in the order they run.
 const std::vector<std::string>& known_peers();

@@ -1,5 +1,6 @@
 #include "tally/bench/local_pool.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <csignal>
@@ -9,9 +10,27 @@
 #include <fstream>
 #include <thread>
 
+#include "tally/protocol/auth.h"
+
 namespace tally::bench {
 
 namespace fs = std::filesystem;
+
+Status write_job_secret(const std::string& path) {
+  std::string hex;
+  for (unsigned char c : make_nonce()) {
+    static const char* digits = "0123456789abcdef";
+    hex += digits[c >> 4];
+    hex += digits[c & 15];
+  }
+  std::ofstream out(path);
+  out << hex << "\n";
+  out.close();
+  if (!out || chmod(path.c_str(), 0600) != 0) {
+    return Status(ErrorCode::kUnavailable, "cannot write the job secret " + path);
+  }
+  return Status::ok();
+}
 
 std::string find_reducer_binary() {
   if (const char* env = std::getenv("TALLY_REDUCER"); env && *env) return env;

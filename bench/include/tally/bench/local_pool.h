@@ -74,6 +74,10 @@ class LocalPool {
   std::vector<std::string> http_addresses_;
 };
 
+// Writes a fresh random job secret (hex, mode 0600) to `path`, for a local
+// pool's --job-secret-file and its workers' TALLY_SECRET_FILE.
+Status write_job_secret(const std::string& path);
+
 // Finds tally-reducer: $TALLY_REDUCER, beside this executable, or the build
 // tree's reducer/ folder next to it.
 std::string find_reducer_binary();

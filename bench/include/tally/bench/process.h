@@ -79,6 +79,11 @@ CommandResult run_command(const std::string& path, const std::vector<std::string
 // /proc/<pid>/stat), or nullopt when it cannot be read.
 std::optional<double> process_cpu_seconds(pid_t pid);
 
+// Resident memory (VmRSS, bytes) and open descriptors (entries of
+// /proc/<pid>/fd) of a live process, or nullopt when they cannot be read.
+std::optional<uint64_t> process_rss_bytes(pid_t pid);
+std::optional<uint32_t> process_open_fds(pid_t pid);
+
 // The directory holding the running executable (to find sibling binaries).
 std::string self_dir();
 
