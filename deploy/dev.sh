@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tally's one entry point for people and CI on a Debian 12 machine:
 #   deploy/dev.sh bench [tally-bench flags]   set up, build, run a local pool + 4 workers, print the table and the comparison with Gloo and MPI
-#   deploy/dev.sh test                        set up, build, run every test (plain, ASan+UBSan, TSan; python tests in the plain build)
+#   deploy/dev.sh test                        set up, build, run every test (plain, ASan+UBSan, TSan, then the fuzz targets; python tests in the plain build)
 #   deploy/dev.sh setup | build               the steps on their own
 #   deploy/dev.sh format | check-format       clang-format the tree in place, or only check it
 set -euo pipefail
@@ -12,6 +12,8 @@ PACKAGES=(
   libboost-dev protobuf-compiler libprotobuf-dev libspdlog-dev libfmt-dev libcli11-dev
   libgtest-dev libgmock-dev libbenchmark-dev clang-format
   libfabric-dev libfabric-bin iproute2
+  # The fuzz targets (tests/fuzz): clang and its libFuzzer runtime.
+  clang libclang-rt-14-dev
   # HMAC-SHA256 challenge-response for jobs and replica links.
   libssl-dev
   # The Python module, the DDP hook and their tests: Debian's torch is seen by
@@ -122,6 +124,12 @@ case "$cmd" in
     run_tests build-asan -LE "python|helm|extended"
     build build-tsan -DTALLY_SANITIZE=thread
     run_tests build-tsan -LE "python|helm|extended"
+    # The libFuzzer targets (docs/fuzzing.md): a clang build of them alone,
+    # each fuzzing for TALLY_FUZZ_SECONDS (CI's time budget; the longer run
+    # is documented there) and replaying its committed seeds.
+    CC=clang CXX=clang++ BUILD_TARGETS=tally_fuzz build build-fuzz -DTALLY_FUZZ=ON
+    cmake -S . -B build-fuzz -DTALLY_FUZZ_SECONDS="${TALLY_FUZZ_SECONDS:-30}" >/dev/null
+    run_tests build-fuzz -L fuzz
     ;;
   *)
     sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//' >&2

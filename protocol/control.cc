@@ -1,6 +1,19 @@
 #include "tally/protocol/control.h"
 
+#include <limits>
+
 namespace tally {
+
+Result<wire::Control> parse_control(std::span<const std::byte> payload) {
+  wire::Control message;
+  // kMaxControlBytes (frame.h) bounds a payload far below INT_MAX.
+  if (payload.size() > static_cast<size_t>(std::numeric_limits<int>::max()) ||
+      !message.ParseFromArray(payload.data(), static_cast<int>(payload.size())) ||
+      message.body_case() == wire::Control::BODY_NOT_SET) {
+    return Status(ErrorCode::kProtocol, "malformed control message");
+  }
+  return message;
+}
 
 wire::Control make_error(const Status& status, std::optional<uint64_t> op,
                          const std::vector<uint32_t>& ranks) {

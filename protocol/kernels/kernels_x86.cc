@@ -7,6 +7,7 @@
 #include "kernels_x86.h"
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -227,18 +228,25 @@ const KernelTable kAvx512Table{KernelIsa::kAvx512,     sum_f32_avx512,    accumu
                                accumulate_bf16_avx512, widen_f16_avx512,  widen_bf16_avx512,
                                narrow_f16_avx512,      narrow_bf16_avx512};
 
+// F16C from CPUID leaf 1 (ECX bit 29): clang before 16 does not know
+// __builtin_cpu_supports("f16c"), and the fuzz build uses Debian's clang 14.
+bool cpu_has_f16c() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+}
+
 }  // namespace
 
 const KernelTable* avx2_table() {
-  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") &&
-                         __builtin_cpu_supports("fma");
+  static const bool ok =
+      __builtin_cpu_supports("avx2") && cpu_has_f16c() && __builtin_cpu_supports("fma");
   return ok ? &kAvx2Table : nullptr;
 }
 
 const KernelTable* avx512_table() {
   static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx2") &&
-                         __builtin_cpu_supports("f16c");
+                         cpu_has_f16c();
   return ok ? &kAvx512Table : nullptr;
 }
 

@@ -276,14 +276,11 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
     if (closed_) return;
     if (ec) return fail(from_asio(ec, "reading from", peer_));
     last_rx_ = Clock::now();
-    wire::Control message;
-    if (!message.ParseFromArray(control_bytes_.data(), static_cast<int>(control_bytes_.size())) ||
-        message.body_case() == wire::Control::BODY_NOT_SET) {
-      return fail(Status(ErrorCode::kProtocol, "malformed control message from " + peer_));
-    }
-    if (!message.has_heartbeat()) {
+    auto message = parse_control(std::as_bytes(std::span(control_bytes_)));
+    if (!message) return fail(message.status().with_context("control frame from " + peer_));
+    if (!message->has_heartbeat()) {
       auto handler = handler_;  // the handler may close us
-      handler->on_control(message);
+      handler->on_control(*message);
     }
     read_header();
   }
