@@ -56,7 +56,9 @@ TEST(Netlab, RatesInTcUnits) {
   for (const char* bad : {"", "1", "gbit", "1gbps", "1 gbit", "1kbit"}) {
     auto r = parse_rate(bad);
     EXPECT_FALSE(r) << bad;
-    if (!r) EXPECT_EQ(r.status().code(), ErrorCode::kInvalidArgument);
+    if (!r) {
+      EXPECT_EQ(r.status().code(), ErrorCode::kInvalidArgument);
+    }
   }
 }
 
