@@ -1,8 +1,32 @@
 #include "tally/protocol/control.h"
 
+#include <google/protobuf/stubs/logging.h>
+#include <spdlog/spdlog.h>
+
 #include <limits>
 
 namespace tally {
+namespace {
+
+// libprotobuf prints its own line to stderr for some inputs it refuses (a
+// string field holding invalid UTF-8), once per message, outside spdlog and
+// its levels: a stranger could fill a reducer's log with them. parse_control
+// already reports the refusal, so the library's words go to debug. Set by a
+// global constructor, before any thread parses (SetLogHandler is not
+// thread-safe).
+void protobuf_log(google::protobuf::LogLevel level, const char* file, int line,
+                  const std::string& message) {
+  if (level == google::protobuf::LOGLEVEL_FATAL) {
+    spdlog::critical("protobuf ({}:{}): {}", file, line, message);
+  } else {
+    spdlog::debug("protobuf ({}:{}): {}", file, line, message);
+  }
+}
+
+[[maybe_unused]] const bool protobuf_log_routed =
+    (google::protobuf::SetLogHandler(&protobuf_log), true);
+
+}  // namespace
 
 Result<wire::Control> parse_control(std::span<const std::byte> payload) {
   wire::Control message;

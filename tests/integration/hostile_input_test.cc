@@ -79,6 +79,19 @@ TEST(Fault, GarbageAndHostileFramesCloseOnlyThatConnection) {
     peer.send_frame(h, std::string(16, '\xff'));
     EXPECT_TRUE(peer.closed_within(5s));
   }
+  {  // A Hello whose job name is not UTF-8 (a proto3 string): refused by the
+     // parser, and libprotobuf's own complaint stays out of the log.
+    RawPeer peer(address);
+    std::string bytes = raw_hello("job-QQQQ", 0, 1).SerializeAsString();
+    const auto at = bytes.find("QQQQ");
+    ASSERT_NE(at, std::string::npos);
+    bytes.replace(at, 4, "\xff\xfe\xfd\xfc");
+    FrameHeader h;
+    h.kind = FrameKind::kControl;
+    h.length = bytes.size();
+    peer.send_frame(h, bytes);
+    EXPECT_TRUE(peer.closed_within(5s));
+  }
   {  // Data before hello.
     RawPeer peer(address);
     FrameHeader h;
@@ -116,6 +129,7 @@ TEST(Fault, GarbageAndHostileFramesCloseOnlyThatConnection) {
   EXPECT_TRUE(contains(log, "before its hello")) << log;
   EXPECT_TRUE(contains(log, "no data or heartbeat")) << log;
   EXPECT_TRUE(contains(log, "no hello from")) << log;
+  EXPECT_FALSE(contains(log, "libprotobuf")) << log;
 }
 
 TEST(Fault, OtherProtocolVersionGetsAClearError) {
