@@ -369,21 +369,12 @@ int main(int argc, char** argv) {
   // Ctrl-C and SIGTERM stop every wait; the children are terminated and
   // everything made (pool, lab, scratch) is removed on the way out.
   stop_on_signals();
-  struct Scratch {
-    std::string dir;
-    ~Scratch() {
-      std::error_code ec;
-      if (!dir.empty()) std::filesystem::remove_all(dir, ec);
-    }
-  } scratch;
-  {
-    char tmpl[] = "/tmp/tally-bench-XXXXXX";
-    if (!mkdtemp(tmpl)) {
-      spdlog::error("cannot create a temporary directory: {}", std::strerror(errno));
-      return 2;
-    }
-    scratch.dir = tmpl;
+  auto scratch_dir = ScratchDir::make("tally-bench-");
+  if (!scratch_dir) {
+    spdlog::error("{}", scratch_dir.status().to_string());
+    return 2;
   }
+  const ScratchDir& scratch = **scratch_dir;
   std::unique_ptr<Netlab> lab;
   std::vector<std::string> roles;
   if (!netlab_rate.empty()) {
@@ -425,7 +416,7 @@ int main(int argc, char** argv) {
   if (pool.empty()) {
     // The local pool runs as a pool should: jobs authenticate with a job
     // secret made for this run (the handshake is timed outside the sweep).
-    secret_file = scratch.dir + "/job.secret";
+    secret_file = scratch.path() + "/job.secret";
     if (Status st = write_job_secret(secret_file); !st) {
       spdlog::error("{}", st.to_string());
       return 2;
@@ -510,7 +501,7 @@ int main(int argc, char** argv) {
     phase.job = transports.size() > 1 ? job + "-" + transport : job;
     phase.json_path = sweep.json_path;
     phase.metrics = metrics;
-    if (!peers.empty()) phase.stdout_path = scratch.dir + "/tally-" + transport + ".out";
+    if (!peers.empty()) phase.stdout_path = scratch.path() + "/tally-" + transport + ".out";
     if (transports.size() > 1 && !phase.json_path.empty()) {
       const auto dot = phase.json_path.rfind('.');
       phase.json_path.insert(dot == std::string::npos ? phase.json_path.size() : dot,
@@ -538,7 +529,7 @@ int main(int argc, char** argv) {
     ctx.sweep = sweep;
     ctx.workers = workers;
     ctx.lab = lab.get();
-    ctx.dir = scratch.dir;
+    ctx.dir = scratch.path();
     ctx.deadline = phase_options.deadline;
     for (const std::string& peer : peers) {
       const auto before = links();

@@ -214,26 +214,17 @@ uint64_t collect(JobRun& job, Totals& totals) {
 
 int run_load(const LoadOptions& o) {
   stop_on_signals();
-  struct Scratch {
-    std::string dir;
-    ~Scratch() {
-      std::error_code ec;
-      if (!dir.empty()) std::filesystem::remove_all(dir, ec);
-    }
-  } scratch;
-  {
-    char tmpl[] = "/tmp/tally-load-XXXXXX";
-    if (!mkdtemp(tmpl)) {
-      spdlog::error("cannot create a temporary directory");
-      return 1;
-    }
-    scratch.dir = tmpl;
+  auto scratch_dir = ScratchDir::make("tally-load-");
+  if (!scratch_dir) {
+    spdlog::error("{}", scratch_dir.status().to_string());
+    return 1;
   }
+  const ScratchDir& scratch = **scratch_dir;
   std::unique_ptr<LocalPool> local;
   std::string pool = o.pool;
   std::string secret_file = o.secret_file;
   if (pool.empty()) {
-    secret_file = scratch.dir + "/job.secret";
+    secret_file = scratch.path() + "/job.secret";
     if (Status st = write_job_secret(secret_file); !st) {
       spdlog::error("{}", st.to_string());
       return 1;
@@ -241,7 +232,7 @@ int run_load(const LoadOptions& o) {
     LocalPoolOptions lo;
     lo.shards = o.shards;
     lo.groups = o.groups;
-    lo.log_dir = scratch.dir;
+    lo.log_dir = scratch.path();
     lo.extra_args = {"--log-level", o.log_level, "--job-secret-file", secret_file,
                      "--require-auth"};
     auto started = LocalPool::start(lo);
@@ -278,7 +269,7 @@ int run_load(const LoadOptions& o) {
     for (uint32_t r = 0; r < o.workers; ++r) {
       const std::string tag = "j" + std::to_string(job.index) + "-r" + std::to_string(job.round) +
                               "-w" + std::to_string(r);
-      job.outputs.push_back(scratch.dir + "/" + tag + ".ops");
+      job.outputs.push_back(scratch.path() + "/" + tag + ".ops");
       ProcessSpec spec;
       spec.path = self_dir() + "/tally-bench";
       spec.args = {"load",        "--worker",
@@ -296,7 +287,7 @@ int run_load(const LoadOptions& o) {
                   {"TALLY_GROUPS", std::to_string(o.groups)},
                   {"TALLY_OP_TIMEOUT_MS", std::to_string(o.op_timeout_ms)}};
       if (!secret_file.empty()) spec.env["TALLY_SECRET_FILE"] = secret_file;
-      spec.stderr_path = scratch.dir + "/" + tag + ".log";
+      spec.stderr_path = scratch.path() + "/" + tag + ".log";
       auto p = Process::spawn(spec);
       if (!p) {
         spdlog::error("{}", p.status().to_string());

@@ -208,6 +208,20 @@ std::optional<double> process_cpu_seconds(pid_t pid) {
   return static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
 }
 
+Result<std::unique_ptr<ScratchDir>> ScratchDir::make(const std::string& prefix) {
+  std::string tmpl = "/tmp/" + prefix + "XXXXXX";
+  if (!mkdtemp(tmpl.data())) {
+    return Status(ErrorCode::kUnavailable,
+                  "cannot create a temporary directory: " + std::string(std::strerror(errno)));
+  }
+  return std::unique_ptr<ScratchDir>(new ScratchDir(tmpl));
+}
+
+ScratchDir::~ScratchDir() {
+  std::error_code ec;
+  std::filesystem::remove_all(path_, ec);
+}
+
 std::optional<uint64_t> process_rss_bytes(pid_t pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/status");
   std::string line;

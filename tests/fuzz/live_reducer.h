@@ -69,6 +69,16 @@ class Stream {
   std::string pending_;  // read, not yet taken by read_control
 };
 
+// One input of a live target: opens a stream to `address`, sends what
+// `send_prefix(stream, mode, deadline)` sends for the mode byte data[0] (it
+// returns false if the reducer did not take it), then data[1..] (raw, or
+// with mode & 4 as the payload of one control frame), half-closes, and
+// aborts unless the reducer closes the stream within kStreamDeadline.
+using SendPrefix = bool (*)(Stream& stream, uint8_t mode,
+                            std::chrono::steady_clock::time_point deadline);
+void run_live_input(const HostPort& address, const uint8_t* data, size_t size,
+                    SendPrefix send_prefix);
+
 // How long a stream may take before the harness calls the reducer stuck:
 // far above the reducers' op and hello timeouts (1 s), below libFuzzer's
 // -timeout.

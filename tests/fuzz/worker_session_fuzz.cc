@@ -76,20 +76,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  if (size == 0) return 0;
   static const HostPort address = worker_reducer();
-  const uint8_t mode = data[0];
-  const std::span<const uint8_t> rest(data + 1, size - 1);
-  const auto deadline = std::chrono::steady_clock::now() + kStreamDeadline;
-  Stream stream(address);
-  if (send_prefix(stream, mode, deadline)) {
-    const std::string bytes =
-        (mode & 4) ? control_frame(rest)
-                   : std::string(reinterpret_cast<const char*>(rest.data()), rest.size());
-    stream.write(bytes, deadline);
-  }
-  // The reducer must close a stream whose peer is done, in bounded time.
-  const bool closed = stream.finish(deadline);
-  TALLY_CHECK(closed);
+  run_live_input(address, data, size, &send_prefix);
   return 0;
 }

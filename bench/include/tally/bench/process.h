@@ -7,6 +7,7 @@
 #include <chrono>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -78,6 +79,22 @@ CommandResult run_command(const std::string& path, const std::vector<std::string
 // User plus system CPU seconds a live process has used so far (from
 // /proc/<pid>/stat), or nullopt when it cannot be read.
 std::optional<double> process_cpu_seconds(pid_t pid);
+
+// A directory made under /tmp for one run (`prefix` + six random
+// characters), removed with everything in it when this goes.
+class ScratchDir {
+ public:
+  // Errors: kUnavailable, with errno's words.
+  static Result<std::unique_ptr<ScratchDir>> make(const std::string& prefix);
+  ~ScratchDir();
+  ScratchDir(const ScratchDir&) = delete;
+  ScratchDir& operator=(const ScratchDir&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  explicit ScratchDir(std::string path) : path_(std::move(path)) {}
+  std::string path_;
+};
 
 // Resident memory (VmRSS, bytes) and open descriptors (entries of
 // /proc/<pid>/fd) of a live process, or nullopt when they cannot be read.
