@@ -65,8 +65,9 @@ struct PhaseOptions {
   std::string pool;  // TALLY_POOL for the workers
   uint32_t workers = 4;
   uint32_t groups = 1;
-  size_t chunk_bytes = 0;  // 0: the automatic plan
-  std::string wire_dtype;  // TALLY_WIRE_DTYPE for the workers; empty: native
+  size_t chunk_bytes = 0;   // 0: the automatic plan
+  std::string wire_dtype;   // TALLY_WIRE_DTYPE for the workers; empty: native
+  std::string wire_result;  // TALLY_WIRE_RESULT for the workers; empty: unset
   int64_t op_timeout_ms = 60000;
   std::string fabric_provider;  // empty: the workers' default
   std::string log_level = "warn";
@@ -155,6 +156,7 @@ int run_phase(const Phase& phase, const PhaseOptions& options) {
                 {"TALLY_GROUPS", std::to_string(options.groups)},
                 {"TALLY_CHUNK_BYTES", std::to_string(options.chunk_bytes)},
                 {"TALLY_WIRE_DTYPE", options.wire_dtype},
+                {"TALLY_WIRE_RESULT", options.wire_result},
                 {"TALLY_OP_TIMEOUT_MS", std::to_string(options.op_timeout_ms)},
                 {"TALLY_TRANSPORT", phase.transport}};
     if (!options.fabric_provider.empty())
@@ -288,6 +290,11 @@ int main(int argc, char** argv) {
   app.add_option("--wire-dtype", wire_dtype,
                  "bfloat16: float32 tensors travel as bfloat16 (TALLY_WIRE_DTYPE); unset: native")
       ->check(CLI::IsMember({"bfloat16"}));
+  std::string wire_result;
+  app.add_option("--wire-result", wire_result,
+                 "with --wire-dtype bfloat16: results as float32 (the reducers' sums, "
+                 "TALLY_WIRE_RESULT) or bfloat16 (the default)")
+      ->check(CLI::IsMember({"float32", "bfloat16"}));
   app.add_option("--io-threads", io_threads, "I/O threads per local reducer")
       ->capture_default_str();
   app.add_option("--memory-budget", memory_budget, "chunk memory per local reducer")
@@ -479,6 +486,7 @@ int main(int argc, char** argv) {
   phase_options.groups = groups;
   phase_options.chunk_bytes = chunk_bytes;
   phase_options.wire_dtype = wire_dtype;
+  phase_options.wire_result = wire_result;
   phase_options.op_timeout_ms = op_timeout_ms;
   phase_options.fabric_provider = fabric_provider;
   phase_options.log_level = log_level;

@@ -73,6 +73,7 @@ void Client::Impl::pump(ShardLink& link) {
     h.chunk = e.index;
     h.chunks_on_shard = static_cast<uint32_t>(op->plan->chunks_on_shard(e.shard));
     h.length = e.length;
+    h.flags = op->wide_result ? kFrameFlagWideResult : 0;
     link.inflight++;
     link.inflight_bytes += e.length;
     op->unanswered[link.shard()]++;
@@ -134,7 +135,11 @@ void Client::Impl::start_op(const std::shared_ptr<Op>& op) {
   for (uint64_t k = 0; k < op->plan->chunk_count(); ++k) {
     const ChunkExtent e = op->plan->chunk(k);
     ShardLink& link = *links[e.shard];
-    link.conn()->post_receive({FrameKind::kResult, op->id, e.index}, {wire + e.offset, e.length});
+    // A wide result is the float32 sums: straight into the caller's buffer.
+    const std::span<std::byte> dst = op->wide_result
+                                         ? std::span(op->data + e.offset * 2, e.length * 2)
+                                         : std::span(wire + e.offset, e.length);
+    link.conn()->post_receive({FrameKind::kResult, op->id, e.index}, dst);
     link.queue.emplace_back(op, e.index);
   }
   for (auto& link : links) pump(*link);
@@ -266,6 +271,15 @@ Status validate(const ClientOptions& o) {
   if (o.connect_timeout.count() <= 0) return bad("connect timeout must be positive");
   if (o.heartbeat_interval.count() <= 0 || o.peer_timeout <= o.heartbeat_interval) {
     return bad("peer timeout must exceed the heartbeat interval");
+  }
+  if (o.wire_result && *o.wire_result != DType::kBFloat16) {
+    if (*o.wire_result != DType::kFloat32) {
+      return bad("the wire's results are float32 or bfloat16 (TALLY_WIRE_RESULT)");
+    }
+    if (!o.wire_dtype) {
+      return bad(
+          "TALLY_WIRE_RESULT=float32 is for the bfloat16 wire: set TALLY_WIRE_DTYPE=bfloat16");
+    }
   }
   if (o.transport != "tcp" && o.transport != "fabric") {
     return bad("transport must be 'tcp' or 'fabric', not '" + o.transport + "'");
@@ -423,6 +437,7 @@ Result<std::shared_ptr<Op>> Client::Impl::make_op(void* data, size_t count, DTyp
   op->redop = redop;
   // The bfloat16 wire applies to float32 tensors only; others travel as they are.
   op->wire = dtype == DType::kFloat32 && options.wire_dtype ? *options.wire_dtype : dtype;
+  op->wide_result = op->wire != dtype && options.wire_result == DType::kFloat32;
   const DType wire = op->wire;
   const size_t wsize = dtype_size(wire);
   op->plan.emplace(count * wsize, wire, static_cast<uint32_t>(links.size()), plan_settings);

@@ -53,6 +53,10 @@ struct Op {
   // reducer has this rank's whole piece, so they share the bytes).
   DType wire = DType::kFloat32;
   std::vector<std::byte> staging;  // from Client::Impl::spare_staging; I/O thread only
+  // With a narrowing wire and TALLY_WIRE_RESULT=float32: results come back
+  // as the reducers' float32 sums (kFrameFlagWideResult), received straight
+  // into `data`; `staging` then only carries the narrowed inputs.
+  bool wide_result = false;
   RedOp redop = RedOp::kSum;
   std::optional<ChunkPlan> plan;  // over count elements of `wire`
   uint64_t results = 0;

@@ -51,7 +51,7 @@ const std::vector<std::string_view>& client_option_names() {
       "TALLY_GROUP_SIZES", "TALLY_CHUNK_BYTES", "TALLY_OP_TIMEOUT_MS", "TALLY_CONNECT_TIMEOUT_MS",
       "TALLY_HEARTBEAT_MS", "TALLY_PEER_TIMEOUT_MS", "TALLY_TRANSPORT", "FI_PROVIDER",
       "TALLY_FABRIC_PROVIDER", "TALLY_FABRIC_FORCE_REGISTRATION", "TALLY_FABRIC_MAX_MSG_BYTES",
-      "TALLY_TCP_CONGESTION", "TALLY_WIRE_DTYPE",
+      "TALLY_TCP_CONGESTION", "TALLY_WIRE_DTYPE", "TALLY_WIRE_RESULT",
       // The file, when both are set, wins.
       "TALLY_SECRET", "TALLY_SECRET_FILE"};
   return names;
@@ -100,6 +100,16 @@ Status set_client_option(ClientOptions& o, std::string_view name, std::string_vi
   if (name == "TALLY_WIRE_DTYPE") {
     if (value != "bfloat16") return bad(name, value, "is not a wire dtype (bfloat16, or unset)");
     o.wire_dtype = DType::kBFloat16;
+    return Status::ok();
+  }
+  if (name == "TALLY_WIRE_RESULT") {
+    if (value == "float32") {
+      o.wire_result = DType::kFloat32;
+    } else if (value == "bfloat16") {
+      o.wire_result = DType::kBFloat16;
+    } else {
+      return bad(name, value, "is not a result dtype of the wire (float32 or bfloat16)");
+    }
     return Status::ok();
   }
   if (name == "TALLY_OP_TIMEOUT_MS")

@@ -223,15 +223,17 @@ void ShardLink::on_data(const FrameHeader& h, std::span<std::byte>) {
     return client_.maybe_finish(op);
   }
   const ChunkExtent extent = op->plan->chunk(h.chunk);
+  const uint16_t flags = op->wide_result ? kFrameFlagAccumulators : 0;
+  const uint64_t length = op->wide_result ? extent.length * 2 : extent.length;
   if (h.count != op->count || h.dtype != op->wire || h.offset != extent.offset ||
-      op->got[h.chunk]) {
+      h.flags != flags || h.length != length || op->got[h.chunk]) {
     client_.fail_op(op,
                     Status(ErrorCode::kProtocol, "reducer " + address_.to_string() +
                                                      " sent a result that does not match op " +
                                                      std::to_string(op->id) + ": " + describe(h)));
     return;
   }
-  if (op->wire != op->dtype) {
+  if (op->wire != op->dtype && !op->wide_result) {
     // bfloat16 -> float32 into the caller's buffer (make_op's only narrowing wire).
     kernels().widen_bf16(reinterpret_cast<float*>(op->data + extent.offset * 2),
                          reinterpret_cast<const uint16_t*>(op->staging.data() + extent.offset),

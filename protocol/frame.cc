@@ -89,7 +89,7 @@ Result<FrameHeader> decode_header(std::span<const std::byte, kFrameHeaderBytes> 
                       ", this build speaks " + std::to_string(kProtocolVersion));
   }
   if (w.reserved0.value() != 0) return protocol_error("reserved header field is not zero");
-  if ((w.flags.value() & ~kFrameFlagAccumulators) != 0) {
+  if ((w.flags.value() & ~(kFrameFlagAccumulators | kFrameFlagWideResult)) != 0) {
     return protocol_error("unknown header flags 0x" + std::to_string(w.flags.value()));
   }
   FrameHeader h;
@@ -127,9 +127,13 @@ Result<FrameHeader> decode_header(std::span<const std::byte, kFrameHeaderBytes> 
   // With kFrameFlagAccumulators the payload holds float32 accumulators of the
   // op's 16-bit elements: 4 payload bytes per element of `esize` in the op.
   uint64_t extent = h.length;
+  if ((h.flags & kFrameFlagWideResult) &&
+      (h.kind != FrameKind::kContribution || esize != 2 || (h.flags & kFrameFlagAccumulators))) {
+    return protocol_error("wide-result flag on a frame that is not a 16-bit contribution");
+  }
   if (h.flags & kFrameFlagAccumulators) {
-    if (h.kind != FrameKind::kPartial || esize != 2) {
-      return protocol_error("accumulator flag on a frame that is not a 16-bit partial");
+    if ((h.kind != FrameKind::kPartial && h.kind != FrameKind::kResult) || esize != 2) {
+      return protocol_error("accumulator flag on a frame that is not a 16-bit partial or result");
     }
     if (h.length % 4 != 0) return protocol_error("accumulator payload not a multiple of 4 bytes");
     extent = h.length / 4 * esize;

@@ -17,7 +17,8 @@ uint16_t partial_flags(DType dtype) {
 std::string chunk_shape(const FrameHeader& h) {
   return "count=" + std::to_string(h.count) + " " + std::string(dtype_name(h.dtype)) + " " +
          std::string(redop_name(h.redop)) + " chunk@" + std::to_string(h.offset) + "+" +
-         std::to_string(h.length) + " (" + std::to_string(h.chunks_on_shard) + " on this shard)";
+         std::to_string(h.length) + " (" + std::to_string(h.chunks_on_shard) + " on this shard" +
+         ((h.flags & kFrameFlagWideResult) ? ", float32 results" : "") + ")";
 }
 
 Chunk::Chunk(const FrameHeader& first, Clock::time_point created, Clock::time_point deadline,

@@ -320,7 +320,7 @@ PayloadAction Job::on_contribution_header(const std::shared_ptr<JobMember>& memb
     return PayloadAction::discard();
   }
   if (m.count != h.count || m.dtype != h.dtype || m.redop != h.redop || m.offset != h.offset ||
-      m.length != h.length) {
+      m.length != h.length || m.flags != h.flags) {
     fail_op_locked(h.op,
                    Status(ErrorCode::kMismatch,
                           "contributions to op " + std::to_string(h.op) + " disagree: rank " +
@@ -406,7 +406,14 @@ void Job::finish(const std::shared_ptr<Chunk>& chunk) {
     scale_average(out.dtype, result->data(), count * dtype_size(accumulator_dtype(out.dtype)),
                   settings_.world_size);
   }
-  store_result(out.dtype, result->data(), count);
+  if (out.flags & kFrameFlagWideResult) {
+    // The float32 sums as they are (16-bit ops only: decode_header).
+    out.flags = kFrameFlagAccumulators;
+    out.length = count * dtype_size(accumulator_dtype(out.dtype));
+  } else {
+    store_result(out.dtype, result->data(), count);
+    out.flags = 0;
+  }
   out.kind = FrameKind::kResult;
   out.rank = kReducerRank;
   counters_.chunks_finished.fetch_add(1, std::memory_order_relaxed);

@@ -46,7 +46,10 @@ void check_accepted(const FrameHeader& h, std::span<const uint8_t, kFrameHeaderB
   TALLY_CHECK(h.length % esize == 0 && h.offset % esize == 0);
   TALLY_CHECK(h.count <= std::numeric_limits<uint64_t>::max() / esize);
   const bool accumulators = (h.flags & kFrameFlagAccumulators) != 0;
-  TALLY_CHECK(!accumulators || (h.kind == FrameKind::kPartial && esize == 2));
+  TALLY_CHECK(!accumulators ||
+              ((h.kind == FrameKind::kPartial || h.kind == FrameKind::kResult) && esize == 2));
+  const bool wide_result = (h.flags & kFrameFlagWideResult) != 0;
+  TALLY_CHECK(!wide_result || (h.kind == FrameKind::kContribution && esize == 2 && !accumulators));
   const uint64_t extent = accumulators ? h.length / 4 * esize : h.length;
   const uint64_t total = h.count * esize;
   TALLY_CHECK(h.offset <= total && extent <= total - h.offset);

@@ -31,6 +31,7 @@ struct Case {
   uint64_t chunk_bytes = 1024;  // the workers' TALLY_CHUNK_BYTES; 0: the automatic plan
   uint64_t ingress_window = 0;  // the reducers' --ingress-window; 0: their default
   std::string wire_dtype;       // the workers' TALLY_WIRE_DTYPE; empty: unset
+  std::string wire_result;      // the workers' TALLY_WIRE_RESULT; empty: unset
 };
 
 std::string short_dtype(const std::string& d) {
@@ -53,6 +54,7 @@ std::string name_of(const Case& c) {
   if (c.chunk_bytes != 1024 && c.chunk_bytes != 0) name += "_chunk" + std::to_string(c.chunk_bytes);
   if (c.ingress_window) name += "_ingress" + std::to_string(c.ingress_window);
   if (!c.wire_dtype.empty()) name += "_wire" + c.wire_dtype;
+  if (!c.wire_result.empty()) name += "_" + c.wire_result + "results";
   return name;
 }
 
@@ -83,13 +85,15 @@ TEST_P(AllreduceTest, EveryWorkerGetsTheExactSum) {
   }
   TestCluster cluster(spec);
   ASSERT_TRUE(cluster.ok()) << cluster.error();
-  WorkerGroup workers(
-      cluster, "w", unique_job("allreduce"), c.workers,
-      [&](uint32_t) {
-        return Args{"--count", std::to_string(c.count), "--dtype", c.dtype, "--op", c.redop,
-                    "--ops",   std::to_string(c.ops)};
-      },
-      {{"TALLY_CHUNK_BYTES", std::to_string(c.chunk_bytes)}, {"TALLY_WIRE_DTYPE", c.wire_dtype}});
+  WorkerGroup workers(cluster, "w", unique_job("allreduce"), c.workers,
+                      [&](uint32_t) {
+                        return Args{
+                            "--count", std::to_string(c.count), "--dtype", c.dtype, "--op", c.redop,
+                            "--ops",   std::to_string(c.ops)};
+                      },
+                      {{"TALLY_CHUNK_BYTES", std::to_string(c.chunk_bytes)},
+                       {"TALLY_WIRE_DTYPE", c.wire_dtype},
+                       {"TALLY_WIRE_RESULT", c.wire_result}});
   for (uint32_t r = 0; r < c.workers; ++r) {
     WorkerOutput out = workers.wait(r, std::chrono::seconds(60));
     EXPECT_EQ(out.exit_code, 0) << "rank " << r << ":\n" << out.out;
@@ -188,6 +192,9 @@ std::vector<Case> types_and_ops() {
     wire.ops = 2;
     wire.wire_dtype = "bfloat16";
     cases.push_back(wire);
+    // The same with the reducers' float32 sums coming back (kFrameFlagWideResult).
+    wire.wire_result = "float32";
+    cases.push_back(wire);
   }
   Case wire_auto = large;
   wire_auto.chunk_bytes = 0;
@@ -218,6 +225,7 @@ struct GroupCase {
   std::string redop = "sum";
   std::string pattern = "exact";  // or "noisy": order-dependent floats
   std::string wire_dtype;         // the workers' TALLY_WIRE_DTYPE; empty: unset
+  std::string wire_result;        // the workers' TALLY_WIRE_RESULT; empty: unset
 };
 
 std::string group_case_name(const ::testing::TestParamInfo<GroupCase>& info) {
@@ -231,6 +239,7 @@ std::string group_case_name(const ::testing::TestParamInfo<GroupCase>& info) {
   if (c.redop != "sum") name += "_" + c.redop;
   if (c.pattern != "exact") name += "_" + c.pattern;
   if (!c.wire_dtype.empty()) name += "_wire" + c.wire_dtype;
+  if (!c.wire_result.empty()) name += "_" + c.wire_result + "results";
   return name;
 }
 
@@ -270,7 +279,7 @@ TEST_P(GroupsTest, EveryWorkerOfEveryGroupGetsTheSameExactSum) {
                                     "--dtype",   c.dtype,  "--op",  c.redop,
                                     "--pattern", c.pattern};
                       },
-                      {{"TALLY_WIRE_DTYPE", c.wire_dtype}});
+                      {{"TALLY_WIRE_DTYPE", c.wire_dtype}, {"TALLY_WIRE_RESULT", c.wire_result}});
   std::map<int, std::string> reference;
   for (uint32_t r = 0; r < c.workers; ++r) {
     WorkerOutput out = workers.wait(r, std::chrono::seconds(90));
@@ -354,6 +363,10 @@ std::vector<GroupCase> order_sensitive() {
   wire.groups = 2;
   wire.counts = {1, 1009, 9477};
   wire.wire_dtype = "bfloat16";
+  cases.push_back(wire);
+  // Float32 results through the butterfly: every replica sends its workers
+  // the float32 sums, which are the same bits in every group.
+  wire.wire_result = "float32";
   cases.push_back(wire);
   for (std::string dtype : {"int32", "int64"}) {
     GroupCase ints;

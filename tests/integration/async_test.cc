@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <future>
 #include <memory>
 #include <numeric>
@@ -33,13 +34,17 @@ ClientOptions options_for(const TestCluster& cluster, const std::string& job, ui
   return o;
 }
 
-// Connects `world` clients concurrently (each connect waits for the job).
-std::vector<std::unique_ptr<Client>> connect_all(const TestCluster& cluster, const std::string& job,
-                                                 uint32_t world) {
+// Connects `world` clients concurrently (each connect waits for the job);
+// `tweak`, if given, changes rank r's options first.
+std::vector<std::unique_ptr<Client>> connect_all(
+    const TestCluster& cluster, const std::string& job, uint32_t world,
+    const std::function<void(ClientOptions&, uint32_t)>& tweak = {}) {
   std::vector<std::future<Result<std::unique_ptr<Client>>>> pending;
   for (uint32_t r = 0; r < world; ++r) {
     pending.push_back(std::async(std::launch::async, [&, r] {
-      return Client::connect(options_for(cluster, job, r, world));
+      ClientOptions o = options_for(cluster, job, r, world);
+      if (tweak) tweak(o, r);
+      return Client::connect(o);
     }));
   }
   std::vector<std::unique_ptr<Client>> clients;
@@ -199,6 +204,72 @@ TEST(Async, KilledReducerFailsEveryOpInFlight) {
         << s->to_string();
   }
   EXPECT_LT(std::chrono::steady_clock::now() - start, milliseconds(10000));
+}
+
+// TALLY_WIRE_RESULT=float32: the inputs travel as bfloat16 and the results
+// come back as the reducers' float32 sums. Inputs exact in bfloat16 whose
+// sums are not (257, 259, ...: nine significant bits) come back exact; the
+// same op with bfloat16 results comes back rounded, which is what makes the
+// first check mean something.
+TEST(Wire, Float32ResultsAreTheReducersUnroundedSums) {
+  TestCluster cluster(PoolSpec{.shards = 2});
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  constexpr size_t kCount = 3000;
+  auto input = [](uint32_t rank, size_t i) {
+    return rank == 0 ? 256.0f + 2.0f * static_cast<float>(i % 64) : 1.0f;
+  };
+  for (const DType result : {DType::kFloat32, DType::kBFloat16}) {
+    auto clients = connect_all(cluster, result == DType::kFloat32 ? "wide" : "narrow", 2,
+                               [&](ClientOptions& o, uint32_t) {
+                                 o.wire_dtype = DType::kBFloat16;
+                                 o.wire_result = result;
+                               });
+    ASSERT_EQ(clients.size(), 2u);
+    std::vector<size_t> inexact(2, 0);
+    on_every_rank(2, [&](uint32_t r) {
+      std::vector<float> data(kCount);
+      for (size_t i = 0; i < kCount; ++i) data[i] = input(r, i);
+      const Status s = clients[r]->allreduce(data.data(), kCount, DType::kFloat32, RedOp::kSum);
+      ASSERT_TRUE(s.is_ok()) << s.to_string();
+      for (size_t i = 0; i < kCount; ++i) inexact[r] += data[i] != input(0, i) + input(1, i);
+    });
+    for (uint32_t r = 0; r < 2; ++r) {
+      if (result == DType::kFloat32) {
+        EXPECT_EQ(inexact[r], 0u) << "rank " << r;
+      } else {
+        EXPECT_EQ(inexact[r], kCount) << "rank " << r;
+      }
+    }
+  }
+}
+
+// Ranks that disagree on TALLY_WIRE_RESULT fail the op on every rank, both
+// ranks named.
+TEST(Wire, RanksDisagreeingOnTheResultDtypeFailTheOp) {
+  TestCluster cluster(PoolSpec{});
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  auto clients = connect_all(cluster, "wide-mismatch", 2, [](ClientOptions& o, uint32_t r) {
+    o.wire_dtype = DType::kBFloat16;
+    if (r == 0) o.wire_result = DType::kFloat32;
+  });
+  ASSERT_EQ(clients.size(), 2u);
+  on_every_rank(2, [&](uint32_t r) {
+    std::vector<float> data(100, 1.0f);
+    const Status s = clients[r]->allreduce(data.data(), data.size(), DType::kFloat32, RedOp::kSum);
+    EXPECT_EQ(s.code(), ErrorCode::kMismatch) << s.to_string();
+    EXPECT_NE(s.message().find("float32 results"), std::string::npos) << s.to_string();
+  });
+}
+
+// Float32 results without the bfloat16 wire are refused before connecting.
+TEST(Wire, Float32ResultsNeedTheBfloat16Wire) {
+  ClientOptions o;
+  o.pool = {"127.0.0.1:1"};
+  o.job = "x";
+  o.wire_result = DType::kFloat32;
+  const Status s = validate(o);
+  EXPECT_EQ(s.code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("TALLY_WIRE_DTYPE=bfloat16"), std::string::npos) << s.to_string();
 }
 
 }  // namespace

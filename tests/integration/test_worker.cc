@@ -54,6 +54,9 @@ struct Plan {
   // float32 ops on the bfloat16 wire (TALLY_WIRE_DTYPE=bfloat16): noisy
   // inputs, checked per element like bfloat16's (count_16bit_wrong).
   bool wire_bf16 = false;
+  // ... with TALLY_WIRE_RESULT=float32: the results are the reducers'
+  // float32 sums, not rounded to bfloat16.
+  bool wire_float32_results = false;
 };
 
 // Whether any rank has seen the stop file (a one-element all-reduce, so
@@ -188,13 +191,19 @@ int run(tally::Client& client, tally::DType dtype, tally::RedOp redop, const Pla
     } else if (plan.wire_bf16) {
       wrong = count_16bit_wrong([&](uint64_t i) { return static_cast<double>(data[i]); }, count,
                                 client.world_size(), average, sixteen);
-      // The result came as bfloat16: its low 16 bits are zero (a float32
-      // wire would have left them set in most elements).
+      // A bfloat16 result has its low 16 bits zero; the float32 sums of
+      // noisy inputs have them set in most elements.
       if constexpr (std::is_same_v<T, float>) {
+        uint64_t low_bits_set = 0;
         for (uint64_t i = 0; i < count; ++i) {
           uint32_t bits = 0;
           std::memcpy(&bits, &data[i], sizeof bits);
-          wrong += (bits & 0xFFFFu) != 0;
+          low_bits_set += (bits & 0xFFFFu) != 0;
+        }
+        if (!plan.wire_float32_results) {
+          wrong += low_bits_set;
+        } else if (count >= 16 && low_bits_set < count / 2) {
+          wrong += count - low_bits_set;  // rounded to bfloat16 after all
         }
       }
     } else {
@@ -270,6 +279,7 @@ int main(int argc, char** argv) {
   }
   plan.wire_bf16 =
       *dtype == tally::DType::kFloat32 && options->wire_dtype == tally::DType::kBFloat16;
+  plan.wire_float32_results = plan.wire_bf16 && options->wire_result == tally::DType::kFloat32;
   auto client = tally::Client::connect(*options);
   if (!client) {
     std::printf("error %s\n", client.status().to_string().c_str());

@@ -448,6 +448,38 @@ TEST(FrameDecode, AccumulatorFlagCarriesFloat32PartialsOfSixteenBitOps) {
   expect_rejected(encode_header(wide), ErrorCode::kProtocol);
 }
 
+TEST(FrameDecode, WideResultFlagAsksForFloat32ResultsOfSixteenBitContributions) {
+  // Asked for on a 16-bit contribution...
+  FrameHeader ask = valid_data_header(DType::kBFloat16);
+  ask.flags = kFrameFlagWideResult;
+  auto r = decode(encode_header(ask));
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_EQ(r->flags, kFrameFlagWideResult);
+  // ... and answered by a result carrying accumulators, 4 bytes per element.
+  FrameHeader answer = valid_data_header(DType::kBFloat16);
+  answer.kind = FrameKind::kResult;
+  answer.flags = kFrameFlagAccumulators;
+  answer.length = 100 * 4;
+  ASSERT_TRUE(decode(encode_header(answer)).is_ok());
+  // Not on a float32 contribution, a result, a partial, or with accumulators.
+  FrameHeader f32 = valid_data_header(DType::kFloat32);
+  f32.flags = kFrameFlagWideResult;
+  expect_rejected(encode_header(f32), ErrorCode::kProtocol);
+  for (FrameKind kind : {FrameKind::kResult, FrameKind::kPartial}) {
+    FrameHeader other = ask;
+    other.kind = kind;
+    expect_rejected(encode_header(other), ErrorCode::kProtocol);
+  }
+  FrameHeader both = ask;
+  both.flags = kFrameFlagWideResult | kFrameFlagAccumulators;
+  expect_rejected(encode_header(both), ErrorCode::kProtocol);
+  // A float32 result never carries accumulators.
+  FrameHeader f32_result = valid_data_header(DType::kFloat32);
+  f32_result.kind = FrameKind::kResult;
+  f32_result.flags = kFrameFlagAccumulators;
+  expect_rejected(encode_header(f32_result), ErrorCode::kProtocol);
+}
+
 TEST(FrameDecode, ControlPayloadUpToTheLimitIsAcceptedAndOneMoreIsNot) {
   FrameHeader h;
   h.kind = FrameKind::kControl;

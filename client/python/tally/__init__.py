@@ -65,6 +65,7 @@ _KEYWORDS = {
     "fabric_force_registration": "TALLY_FABRIC_FORCE_REGISTRATION",
     "fabric_max_msg_bytes": "TALLY_FABRIC_MAX_MSG_BYTES",
     "wire_dtype": "TALLY_WIRE_DTYPE",
+    "wire_result": "TALLY_WIRE_RESULT",
 }
 _REQUIRED = ("pool", "job", "rank", "world_size")
 

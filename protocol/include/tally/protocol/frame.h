@@ -41,11 +41,19 @@ inline constexpr size_t kFrameHeaderBytes = 64;
 // Control messages are small (hello, errors); anything larger is hostile.
 inline constexpr size_t kMaxControlBytes = 64 * 1024;
 inline constexpr uint32_t kReducerRank = 0xFFFFFFFF;
-// Flag bit 0 (partials of float16/bfloat16 ops only): the payload holds the
-// segment's float32 accumulators, 4 bytes per element, while offset and
-// count still count the op's 16-bit elements. Replicas exchange partials at
-// full precision so the butterfly adds exactly what one reducer would.
+// Flag bit 0 (partials and results of float16/bfloat16 ops only): the
+// payload holds the segment's float32 accumulators, 4 bytes per element,
+// while offset and count still count the op's 16-bit elements. Replicas
+// exchange partials at full precision so the butterfly adds exactly what
+// one reducer would; a result carries it when its contributions asked for
+// kFrameFlagWideResult.
 inline constexpr uint16_t kFrameFlagAccumulators = 0x1;
+// Flag bit 1 (contributions of float16/bfloat16 ops only): send this
+// chunk's result as its float32 sums (kFrameFlagAccumulators), not rounded
+// to the op's dtype. Workers set it for float32 tensors on the bfloat16
+// wire with TALLY_WIRE_RESULT=float32; every rank's contributions to a
+// chunk must agree.
+inline constexpr uint16_t kFrameFlagWideResult = 0x2;
 
 enum class FrameKind : uint8_t {
   kControl = 1,       // payload: tally.wire.Control
