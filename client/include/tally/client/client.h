@@ -69,9 +69,9 @@ struct ClientOptions {
   // With the bfloat16 wire: how results come back. Unset or kBFloat16: as
   // bfloat16 (half the bytes down too). kFloat32 (TALLY_WIRE_RESULT=float32):
   // the reducers' float32 sums as they are, straight into the caller's
-  // buffer, so the only rounding is of the inputs: a relative error of about
-  // 2^-9 per input instead of 2^-8 on the result as well, for 1.5x the
-  // bytes of the bfloat16 round trip. Every rank must use the same value.
+  // buffer, so the only rounding is of the inputs (about half the bfloat16
+  // round trip's error), for float32's bytes on the way down. Every rank
+  // must use the same value.
   std::optional<DType> wire_result;
   // Reducers fail an op whose contributions are not all in by then.
   std::chrono::milliseconds op_timeout{60000};
