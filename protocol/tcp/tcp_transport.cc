@@ -2,13 +2,11 @@
 
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <spdlog/spdlog.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
-#include <boost/asio/connect.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/read.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -16,7 +14,6 @@
 #include <cerrno>
 #include <cstring>
 #include <deque>
-#include <fstream>
 #include <limits>
 #include <optional>
 #include <unordered_map>
@@ -454,186 +451,6 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
 std::shared_ptr<Connection> make_tcp_connection(tcp::socket socket,
                                                 const ConnectionOptions& options) {
   return std::make_shared<TcpConnection>(std::move(socket), options);
-}
-
-void async_tcp_connect(asio::io_context& ctx, const HostPort& address,
-                       std::chrono::milliseconds timeout,
-                       std::function<void(Result<tcp::socket>)> done) {
-  struct State {
-    explicit State(asio::io_context& c) : resolver(c), socket(c), timer(c) {}
-    tcp::resolver resolver;
-    tcp::socket socket;
-    asio::steady_timer timer;
-    bool finished = false;
-    bool timed_out = false;
-    std::function<void(Result<tcp::socket>)> done;
-  };
-  auto st = std::make_shared<State>(ctx);
-  st->done = std::move(done);
-  const std::string name = address.to_string();
-  st->timer.expires_after(timeout);
-  st->timer.async_wait([st](const boost::system::error_code& ec) {
-    if (ec || st->finished) return;
-    st->timed_out = true;
-    st->resolver.cancel();
-    boost::system::error_code ignored;
-    st->socket.close(ignored);
-  });
-  auto finish = [st, name, timeout](Result<tcp::socket> r) {
-    if (st->finished) return;
-    st->finished = true;
-    st->timer.cancel();
-    if (!r && st->timed_out) {
-      r = Status(ErrorCode::kTimeout, "connecting to " + name + " took longer than " +
-                                          std::to_string(timeout.count()) + " ms");
-    }
-    st->done(std::move(r));
-  };
-  st->resolver.async_resolve(
-      address.host, std::to_string(address.port),
-      [st, finish, name](const boost::system::error_code& ec, tcp::resolver::results_type results) {
-        if (ec) {
-          return finish(Status(ErrorCode::kUnavailable, "resolving " + name + ": " + ec.message()));
-        }
-        asio::async_connect(
-            st->socket, results,
-            [st, finish, name](const boost::system::error_code& ec, const tcp::endpoint&) {
-              if (ec) {
-                return finish(
-                    Status(ErrorCode::kUnavailable, "connecting to " + name + ": " + ec.message()));
-              }
-              finish(std::move(st->socket));
-            });
-      });
-}
-
-Status check_congestion_control(const std::string& name) {
-  if (name.empty()) return Status::ok();
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return Status(ErrorCode::kUnavailable, "socket: " + std::string(strerror(errno)));
-  const int rc = ::setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name.data(), name.size());
-  const int err = errno;
-  ::close(fd);
-  if (rc == 0) return Status::ok();
-  std::string allowed;
-  if (std::ifstream in("/proc/sys/net/ipv4/tcp_allowed_congestion_control"); in) {
-    std::getline(in, allowed);
-  }
-  return Status(ErrorCode::kInvalidArgument,
-                "TCP congestion control '" + name + "' cannot be used here (" + strerror(err) +
-                    "; allowed: " + (allowed.empty() ? "?" : allowed) + ")");
-}
-
-struct TcpListener::Impl : std::enable_shared_from_this<TcpListener::Impl> {
-  Impl(std::vector<asio::io_context*> ctxs, AcceptFn fn)
-      : contexts(std::move(ctxs)),
-        acceptor(*contexts.front()),
-        backoff_timer(*contexts.front()),
-        on_accept(std::move(fn)) {}
-  std::vector<asio::io_context*> contexts;
-  tcp::acceptor acceptor;
-  asio::steady_timer backoff_timer;
-  AcceptFn on_accept;
-  size_t next = 0;
-  // Out of descriptors or memory: accept again after `backoff` (doubling up
-  // to kMaxAcceptBackoff), not at once, which would spin a core and flood
-  // the log until descriptors free up.
-  std::chrono::milliseconds backoff{0};
-  // Failed accepts since the last warning; one warning per kAcceptWarnEvery.
-  uint64_t failures_unlogged = 0;
-  std::chrono::steady_clock::time_point last_warning{};
-
-  static constexpr std::chrono::milliseconds kMinAcceptBackoff{10};
-  static constexpr std::chrono::milliseconds kMaxAcceptBackoff{1000};
-  static constexpr std::chrono::seconds kAcceptWarnEvery{10};
-
-  static bool resource_exhausted(const boost::system::error_code& ec) {
-    return ec == asio::error::no_descriptors || ec == asio::error::no_buffer_space ||
-           ec == asio::error::no_memory || ec.value() == ENFILE;
-  }
-
-  void warn_rate_limited(const boost::system::error_code& ec) {
-    ++failures_unlogged;
-    const auto now = std::chrono::steady_clock::now();
-    if (last_warning != std::chrono::steady_clock::time_point{} &&
-        now - last_warning < kAcceptWarnEvery) {
-      return;
-    }
-    spdlog::warn("accept failed: {} ({} time(s) since the last warning; retrying in {} ms)",
-                 ec.message(), failures_unlogged, backoff.count());
-    failures_unlogged = 0;
-    last_warning = now;
-  }
-
-  void accept() {
-    asio::io_context& target = *contexts[next++ % contexts.size()];
-    acceptor.async_accept(target, [self = shared_from_this()](const boost::system::error_code& ec,
-                                                              tcp::socket socket) {
-      if (ec == asio::error::operation_aborted || !self->acceptor.is_open()) return;
-      if (!ec) {
-        self->backoff = std::chrono::milliseconds(0);
-        self->on_accept(std::move(socket));
-        return self->accept();
-      }
-      if (!resource_exhausted(ec)) {
-        self->warn_rate_limited(ec);
-        return self->accept();
-      }
-      self->backoff = std::clamp(self->backoff * 2, kMinAcceptBackoff, kMaxAcceptBackoff);
-      self->warn_rate_limited(ec);
-      self->backoff_timer.expires_after(self->backoff);
-      self->backoff_timer.async_wait([self](const boost::system::error_code& wait_ec) {
-        if (!wait_ec && self->acceptor.is_open()) self->accept();
-      });
-    });
-  }
-};
-
-Result<std::unique_ptr<TcpListener>> TcpListener::listen(std::vector<asio::io_context*> contexts,
-                                                         const HostPort& address,
-                                                         AcceptFn on_accept) {
-  TALLY_CHECK(!contexts.empty());
-  auto impl = std::make_shared<Impl>(std::move(contexts), std::move(on_accept));
-  boost::system::error_code ec;
-  auto addr = asio::ip::make_address(address.host, ec);
-  if (ec) {
-    tcp::resolver resolver(*impl->contexts.front());
-    auto results = resolver.resolve(address.host, std::to_string(address.port), ec);
-    if (ec || results.empty()) {
-      return Status(ErrorCode::kUnavailable,
-                    "cannot resolve listen address " + address.to_string() + ": " + ec.message());
-    }
-    addr = results.begin()->endpoint().address();
-  }
-  tcp::endpoint ep(addr, address.port);
-  auto& acc = impl->acceptor;
-  acc.open(ep.protocol(), ec);
-  if (!ec) acc.set_option(tcp::acceptor::reuse_address(true), ec);
-  if (!ec) acc.bind(ep, ec);
-  if (!ec) acc.listen(asio::socket_base::max_listen_connections, ec);
-  if (ec) {
-    return Status(ErrorCode::kUnavailable,
-                  "cannot listen on " + address.to_string() + ": " + ec.message());
-  }
-  asio::post(*impl->contexts.front(), [impl] { impl->accept(); });
-  return std::unique_ptr<TcpListener>(new TcpListener(impl));
-}
-
-TcpListener::TcpListener(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
-
-TcpListener::~TcpListener() { close(); }
-
-tcp::endpoint TcpListener::local_endpoint() const {
-  boost::system::error_code ec;
-  return impl_->acceptor.local_endpoint(ec);
-}
-
-void TcpListener::close() {
-  asio::post(impl_->acceptor.get_executor(), [impl = impl_] {
-    boost::system::error_code ec;
-    impl->acceptor.close(ec);
-    impl->backoff_timer.cancel();
-  });
 }
 
 }  // namespace tally

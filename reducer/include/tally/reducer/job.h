@@ -42,6 +42,9 @@
 
 namespace tally {
 
+// Ranks as errors list them: "0,3,7", at most 16, then "and N more".
+std::string ranks_string(const std::vector<uint32_t>& ranks);
+
 namespace wire {
 class Control;
 class Error;
