@@ -327,7 +327,11 @@ int main(int argc, char** argv) {
                "pool; with --pool, --metrics implies it)");
   app.add_flag("--worker", worker,
                "run as one rank, configured by TALLY_* (used by the driver and by launchers)");
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;  // --help is 0; bad flags are 2, as documented
+  }
 
   spdlog::set_default_logger(spdlog::stderr_color_mt("tally-bench"));
   spdlog::set_level(spdlog::level::from_str(log_level));

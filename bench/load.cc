@@ -59,8 +59,8 @@ int run_load_worker(const LoadWorkerOptions& o) {
   }
   auto client = Client::connect(*options);
   if (!client) {
-    std::fprintf(out.get(), "%" PRIu64 " connect 0\n# %s\n", o.first,
-                 client.status().to_string().c_str());
+    // Not an op: no op was attempted (collect() counts it apart).
+    std::fprintf(out.get(), "# connect %s\n", client.status().to_string().c_str());
     return 4;
   }
   const uint32_t rank = options->rank;
@@ -70,7 +70,14 @@ int run_load_worker(const LoadWorkerOptions& o) {
   const size_t n = std::max<size_t>(o.bytes / sizeof(float), 2);
   std::vector<float> buf(n);
   int code = 0;
+  // Flushed every 100 ms, so a worker the chaos driver kills loses at most
+  // that much of its record.
+  auto flushed = Clock::now();
   for (uint64_t k = 0; k < o.max_ops; ++k) {
+    if (Clock::now() - flushed > std::chrono::milliseconds(100)) {
+      std::fflush(out.get());
+      flushed = Clock::now();
+    }
     const uint64_t op = o.first + k;
     for (size_t i = 0; i + 1 < n; ++i) buf[i] = element(rank, op, i);
     buf[n - 1] = Clock::now() - started < seconds_of(o.seconds) ? 1.0f : 0.0f;
@@ -108,6 +115,7 @@ struct RankReport {
   std::map<uint64_t, std::string> outcome;  // op -> "ok", "wrong" or the error code's name
   std::vector<uint32_t> latency_us;         // of its ok ops
   std::string error;                        // the "# ..." line, if any
+  std::string connect_error;                // "# connect ...": it never joined
 };
 
 RankReport read_report(const std::string& path) {
@@ -115,6 +123,10 @@ RankReport read_report(const std::string& path) {
   std::ifstream in(path);
   std::string line;
   while (std::getline(in, line)) {
+    if (line.rfind("# connect ", 0) == 0) {
+      report.connect_error = line.substr(10);
+      continue;
+    }
     if (line.rfind("# ", 0) == 0) {
       report.error = line.substr(2);
       continue;
@@ -136,7 +148,7 @@ struct Totals {
   uint64_t split = 0;      // ops ok on some ranks and failed on others
   uint64_t wrong = 0;      // ops some rank got a wrong result for
   std::vector<uint32_t> latency_us;
-  std::map<std::string, uint64_t> errors;       // error code -> rank-ops (and connects)
+  std::map<std::string, uint64_t> errors;       // error code -> rank-ops; "connect": joins
   std::map<std::string, std::string> examples;  // error code -> one such error, quoted
   uint64_t rounds = 0;
   uint64_t unexpected_exits = 0;  // a worker that exited with neither 0, 3, 4 nor our kill
@@ -170,7 +182,9 @@ std::vector<ReducerSample> sample(LocalPool* pool) {
 
 std::string percentile_ms(std::vector<uint32_t>& v, double q) {
   if (v.empty()) return "-";
-  const size_t k = std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size())));
+  // Nearest rank: the smallest value with at least q of the samples at or below it.
+  const size_t rank = static_cast<size_t>(std::ceil(q * static_cast<double>(v.size())));
+  const size_t k = std::min(v.size() - 1, rank > 0 ? rank - 1 : 0);
   std::nth_element(v.begin(), v.begin() + static_cast<ptrdiff_t>(k), v.end());
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%.2f", v[k] / 1000.0);
@@ -184,6 +198,10 @@ uint64_t collect(JobRun& job, Totals& totals) {
   uint64_t next = job.next_op;
   for (const std::string& path : job.outputs) {
     RankReport r = read_report(path);
+    if (!r.connect_error.empty()) {
+      totals.errors["connect"]++;
+      if (!totals.examples.count("connect")) totals.examples["connect"] = r.connect_error;
+    }
     for (auto& [op, what] : r.outcome) {
       by_op[op].push_back(what);
       next = std::max(next, op + 1);
@@ -342,16 +360,19 @@ int run_load(const LoadOptions& o) {
       if (o.kill == "reducer" && local) {
         const uint32_t i = static_cast<uint32_t>(kills % local->addresses().size());
         local->reducer(i).signal(SIGKILL);
+        kills++;
         if (Status st = local->restart(i); !st) {
           spdlog::error("restarting reducer {}: {}", i, st.to_string());
           ok = false;
+        } else {
+          restarts[i]++;
         }
-        restarts[i]++;
-        kills++;
       } else if (o.kill == "worker") {
         JobRun& job = jobs[kills % jobs.size()];
         const uint32_t r = static_cast<uint32_t>(kills / jobs.size() % o.workers);
-        if (job.running) {
+        // Only a worker still running: one that has exited is not killed,
+        // and its own exit status still counts.
+        if (job.running && !job.workers[r].wait_for(milliseconds(0))) {
           job.killed[r] = true;
           job.workers[r].signal(SIGKILL);
           kills++;
@@ -477,7 +498,11 @@ int load_main(int argc, char** argv) {
   app.add_flag("--worker", worker, "run as one rank, configured by TALLY_* (the driver uses it)");
   app.add_option("--first", w.first, "worker: the round's first op number");
   app.add_option("--out", w.out_path, "worker: where the ops are written");
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;  // --help is 0; bad flags are 2, as documented
+  }
   spdlog::set_default_logger(spdlog::stderr_color_mt("tally-bench"));
   spdlog::set_level(spdlog::level::from_str(o.log_level));
   if (worker) {

@@ -34,7 +34,7 @@ struct LoadOptions {
 int load_main(int argc, char** argv);
 
 // Runs the driver; returns the exit code: 0, 1 (the run could not be done),
-// 2 (bad options), 3 (a wrong result).
+// 3 (a wrong result), 130 (interrupted). load_main returns 2 for bad flags.
 int run_load(const LoadOptions& options);
 
 // Worker mode (`tally-bench load --worker`): one rank configured by TALLY_*,

@@ -79,6 +79,7 @@ Result<std::unique_ptr<LocalPool>> LocalPool::start(const LocalPoolOptions& opti
     if (!p) return p.status();
     pool->processes_.push_back(std::move(*p));
     pool->specs_.push_back(std::move(spec));
+    pool->restarts_.push_back(0);
   }
   const auto deadline = std::chrono::steady_clock::now() + options.start_timeout;
   pool->addresses_.resize(count);
@@ -121,12 +122,15 @@ Result<std::unique_ptr<LocalPool>> LocalPool::start(const LocalPoolOptions& opti
 Status LocalPool::restart(uint32_t index, std::chrono::milliseconds timeout) {
   processes_[index].terminate(std::chrono::milliseconds(0));  // reaps it if already dead
   ProcessSpec spec = specs_[index];
-  const std::string ready = dir_ + "/ready-" + std::to_string(index) + "-again";
+  // Each incarnation has its own ready file and log: the wait below must
+  // not see an earlier one's file, nor the log overwrite an earlier one's.
+  const std::string incarnation = std::to_string(++restarts_[index]);
+  const std::string ready = dir_ + "/ready-" + std::to_string(index) + "-" + incarnation;
   for (size_t i = 0; i + 1 < spec.args.size(); ++i) {
     if (spec.args[i] == "--listen") spec.args[i + 1] = addresses_[index];
     if (spec.args[i] == "--ready-file") spec.args[i + 1] = ready;
   }
-  if (!spec.stderr_path.empty()) spec.stderr_path += ".again";
+  if (!spec.stderr_path.empty()) spec.stderr_path += "." + incarnation;
   auto p = Process::spawn(spec);
   if (!p) return p.status();
   processes_[index] = std::move(*p);

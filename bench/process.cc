@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -226,7 +227,12 @@ std::optional<uint64_t> process_rss_bytes(pid_t pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/status");
   std::string line;
   while (std::getline(in, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::stoull(line.substr(6)) * 1024;  // "<n> kB"
+    if (line.rfind("VmRSS:", 0) == 0) {
+      char* end = nullptr;
+      const unsigned long long kb = std::strtoull(line.c_str() + 6, &end, 10);  // "<n> kB"
+      if (end == line.c_str() + 6) return std::nullopt;
+      return uint64_t{kb} * 1024;
+    }
   }
   return std::nullopt;
 }

@@ -120,14 +120,16 @@ int run_worker(const SweepOptions& sweep) {
   };
   std::vector<Row> rows;
   if (leader) {
+    std::string wire = "native";
+    if (options->wire_dtype) {
+      wire = std::string(dtype_name(*options->wire_dtype));
+      if (options->wire_result == DType::kFloat32) wire += " (float32 results)";
+    }
     std::printf("# tally-bench %s (%s) transport=%s W=%u S=%u G=%u chunk=%s wire=%s\n",
                 TALLY_VERSION, TALLY_GIT_SHA, options->transport.c_str(), client.world_size(),
                 client.shards(), client.groups(),
                 options->chunk_bytes ? human_bytes(options->chunk_bytes).c_str() : "auto",
-                !options->wire_dtype ? "native"
-                : options->wire_result == DType::kFloat32
-                    ? (std::string(dtype_name(*options->wire_dtype)) + " (float32 results)").c_str()
-                    : std::string(dtype_name(*options->wire_dtype)).c_str());
+                wire.c_str());
     std::printf(
         "# reduction server: every worker sends and receives the buffer once, so busbw = algbw\n");
     std::printf(

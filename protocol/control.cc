@@ -8,12 +8,6 @@
 namespace tally {
 namespace {
 
-// libprotobuf prints its own line to stderr for some inputs it refuses (a
-// string field holding invalid UTF-8), once per message, outside spdlog and
-// its levels: a stranger could fill a reducer's log with them. parse_control
-// already reports the refusal, so the library's words go to debug. Set by a
-// global constructor, before any thread parses (SetLogHandler is not
-// thread-safe).
 void protobuf_log(google::protobuf::LogLevel level, const char* file, int line,
                   const std::string& message) {
   if (level == google::protobuf::LOGLEVEL_FATAL) {
@@ -23,10 +17,17 @@ void protobuf_log(google::protobuf::LogLevel level, const char* file, int line,
   }
 }
 
-[[maybe_unused]] const bool protobuf_log_routed =
-    (google::protobuf::SetLogHandler(&protobuf_log), true);
-
 }  // namespace
+
+void route_protobuf_logs() { google::protobuf::SetLogHandler(&protobuf_log); }
+
+std::string utf8_prefix(std::string_view text, size_t max_bytes) {
+  if (text.size() <= max_bytes) return std::string(text);
+  size_t end = max_bytes;
+  // Back off continuation bytes (10xxxxxx) to the start of the cut character.
+  while (end > 0 && (static_cast<unsigned char>(text[end]) & 0xC0) == 0x80) --end;
+  return std::string(text.substr(0, end));
+}
 
 Result<wire::Control> parse_control(std::span<const std::byte> payload) {
   wire::Control message;

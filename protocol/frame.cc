@@ -127,11 +127,16 @@ Result<FrameHeader> decode_header(std::span<const std::byte, kFrameHeaderBytes> 
   // With kFrameFlagAccumulators the payload holds float32 accumulators of the
   // op's 16-bit elements: 4 payload bytes per element of `esize` in the op.
   uint64_t extent = h.length;
+  // On a contribution alone; on a partial beside the accumulators it says
+  // the chunk's contributions asked for it (the replicas compare it).
+  const bool accumulators = (h.flags & kFrameFlagAccumulators) != 0;
   if ((h.flags & kFrameFlagWideResult) &&
-      (h.kind != FrameKind::kContribution || esize != 2 || (h.flags & kFrameFlagAccumulators))) {
-    return protocol_error("wide-result flag on a frame that is not a 16-bit contribution");
+      (esize != 2 || !((h.kind == FrameKind::kContribution && !accumulators) ||
+                       (h.kind == FrameKind::kPartial && accumulators)))) {
+    return protocol_error(
+        "wide-result flag on a frame that is not a 16-bit contribution or partial");
   }
-  if (h.flags & kFrameFlagAccumulators) {
+  if (accumulators) {
     if ((h.kind != FrameKind::kPartial && h.kind != FrameKind::kResult) || esize != 2) {
       return protocol_error("accumulator flag on a frame that is not a 16-bit partial or result");
     }

@@ -8,8 +8,12 @@ namespace tally {
 namespace {
 
 // Partials of 16-bit ops carry float32 accumulators (frame.h).
-uint16_t partial_flags(DType dtype) {
-  return accumulator_dtype(dtype) != dtype ? kFrameFlagAccumulators : 0;
+uint16_t partial_flags(const FrameHeader& meta) {
+  const uint16_t accumulators =
+      accumulator_dtype(meta.dtype) != meta.dtype ? kFrameFlagAccumulators : 0;
+  // The wide-result bit rides along, so that replicas whose workers asked
+  // for different results find out (a chunk's shape, like its dtype).
+  return accumulators | (meta.flags & kFrameFlagWideResult);
 }
 
 }  // namespace
@@ -87,7 +91,7 @@ Status Chunk::place_locked(uint32_t from_group, const FrameHeader& h, std::share
                                             std::to_string(h.chunk) + " from " + who + " " + why);
   };
   if (h.count != m.count || h.dtype != m.dtype || h.redop != m.redop ||
-      h.flags != partial_flags(m.dtype) || h.chunks_on_shard != m.chunks_on_shard) {
+      h.flags != partial_flags(m) || h.chunks_on_shard != m.chunks_on_shard) {
     return bad("disagrees with this group's contributions: it has " + chunk_shape(h) + ", here " +
                chunk_shape(m));
   }
@@ -164,7 +168,7 @@ Chunk::Progress Chunk::advance_locked(const ButterflyContext& context, Status& w
         FrameHeader h = meta_;
         h.kind = FrameKind::kPartial;
         h.rank = s.tag;
-        h.flags = partial_flags(meta_.dtype);
+        h.flags = partial_flags(meta_);
         h.offset = meta_.offset + s.send.begin * esize;
         h.length = s.send.size() * acc_size;
         sends_pending_++;

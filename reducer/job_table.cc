@@ -69,6 +69,7 @@ Result<std::shared_ptr<Job>> JobTable::admit(const wire::Hello& hello, bool auth
     }
   }
   std::lock_guard lock(mu_);
+  if (stopping_) return Status(ErrorCode::kUnavailable, "reducer is shutting down");
   std::shared_ptr<Job> job;
   auto it = jobs_.find(hello.job());
   if (it != jobs_.end()) {
@@ -151,7 +152,7 @@ Result<std::shared_ptr<Job>> JobTable::admit_replica_job(const wire::ReplicaJob&
       rj.op_timeout_ms() == 0 ||
       std::chrono::milliseconds(rj.op_timeout_ms()) > options_.max_op_timeout) {
     return Status(ErrorCode::kInvalidArgument, who + " announced job '" +
-                                                   rj.job().substr(0, kMaxJobNameBytes) +
+                                                   utf8_prefix(rj.job(), kMaxJobNameBytes) +
                                                    "' with a shape this reducer cannot serve");
   }
   std::lock_guard lock(mu_);
@@ -285,6 +286,11 @@ void JobTable::sweep(Job::Clock::time_point now) {
 void JobTable::stop() {
   std::lock_guard lock(mu_);
   stopping_ = true;
+}
+
+bool JobTable::stopping() const {
+  std::lock_guard lock(mu_);
+  return stopping_;
 }
 
 size_t JobTable::size() const {

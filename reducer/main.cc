@@ -12,6 +12,7 @@
 #include <optional>
 #include <string_view>
 
+#include "tally/protocol/control.h"
 #include "tally/reducer/http_server.h"
 #include "tally/reducer/metrics.h"
 #include "tally/reducer/reducer.h"
@@ -224,6 +225,8 @@ int main(int argc, char** argv) {
     spdlog::error("--require-auth needs the job secret (--job-secret-file or TALLY_JOB_SECRET)");
     return 2;
   }
+
+  tally::route_protobuf_logs();  // before any I/O thread parses
 
   // Signals are taken synchronously by this thread; the I/O threads inherit
   // the mask and never see them.

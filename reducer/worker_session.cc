@@ -97,7 +97,7 @@ void WorkerSession::on_control(const wire::Control& message) {
   if (message.has_auth_response()) return on_auth_response(message.auth_response());
   if (message.has_goodbye()) {
     said_goodbye_ = true;
-    goodbye_reason_ = message.goodbye().reason().substr(0, kMaxReasonBytes);
+    goodbye_reason_ = utf8_prefix(message.goodbye().reason(), kMaxReasonBytes);
     return;
   }
   if (message.has_error()) {
@@ -190,11 +190,12 @@ void WorkerSession::on_auth_response(const wire::AuthResponse& response) {
                                         reducer_nonce_, worker_nonce_, identity(*hello));
   if (!auth_mac_matches(response.mac(), expected)) {
     return reject_stream(
-        conn_, Status(ErrorCode::kUnauthenticated,
-                      "authentication failed for rank " + std::to_string(hello->rank()) +
-                          " of job '" + hello->job().substr(0, 256) + "' from " + peer_ +
-                          ": its job secret is not this reducer's (check TALLY_SECRET_FILE or "
-                          "TALLY_SECRET against the reducer's --job-secret-file)"));
+        conn_,
+        Status(ErrorCode::kUnauthenticated,
+               "authentication failed for rank " + std::to_string(hello->rank()) + " of job '" +
+                   utf8_prefix(hello->job(), kMaxJobNameBytes) + "' from " + peer_ +
+                   ": its job secret is not this reducer's (check TALLY_SECRET_FILE or "
+                   "TALLY_SECRET against the reducer's --job-secret-file)"));
   }
   admit(*hello, true);
 }
@@ -209,7 +210,8 @@ void WorkerSession::admit(const wire::Hello& hello, bool authenticated) {
 
 void WorkerSession::join(std::shared_ptr<const wire::Hello> hello, bool authenticated,
                          std::chrono::steady_clock::time_point deadline) {
-  if (closed_ || context_->stopped) return;
+  // A reducer that is stopping sends every stream its shutdown Error.
+  if (closed_ || context_->stopped || context_->jobs->stopping()) return;
   auto job = context_->jobs->admit(*hello, authenticated, shared_from_this());
   if (!job) {
     const ErrorCode code = job.status().code();

@@ -32,6 +32,14 @@ void check_error(const wire::Error& error) {
 
 }  // namespace
 
+// Refused strings are reported by parse_control; libprotobuf's own line
+// per refusal goes to spdlog at debug (dropped at its default level), as in
+// the reducer.
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  route_protobuf_logs();
+  return 0;
+}
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size > kMaxControlBytes) return 0;
   auto message = parse_control(std::as_bytes(std::span(data, size)));

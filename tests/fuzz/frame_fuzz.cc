@@ -49,7 +49,9 @@ void check_accepted(const FrameHeader& h, std::span<const uint8_t, kFrameHeaderB
   TALLY_CHECK(!accumulators ||
               ((h.kind == FrameKind::kPartial || h.kind == FrameKind::kResult) && esize == 2));
   const bool wide_result = (h.flags & kFrameFlagWideResult) != 0;
-  TALLY_CHECK(!wide_result || (h.kind == FrameKind::kContribution && esize == 2 && !accumulators));
+  TALLY_CHECK(!wide_result ||
+              (esize == 2 && ((h.kind == FrameKind::kContribution && !accumulators) ||
+                              (h.kind == FrameKind::kPartial && accumulators))));
   const uint64_t extent = accumulators ? h.length / 4 * esize : h.length;
   const uint64_t total = h.count * esize;
   TALLY_CHECK(h.offset <= total && extent <= total - h.offset);
@@ -58,6 +60,14 @@ void check_accepted(const FrameHeader& h, std::span<const uint8_t, kFrameHeaderB
 }
 
 }  // namespace
+
+// Refused strings are reported by parse_control; libprotobuf's own line
+// per refusal goes to spdlog at debug (dropped at its default level), as in
+// the reducer.
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  route_protobuf_logs();
+  return 0;
+}
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < kFrameHeaderBytes) return 0;

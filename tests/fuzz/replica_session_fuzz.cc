@@ -22,6 +22,7 @@
 
 #include "live_reducer.h"
 #include "tally/protocol/auth.h"
+#include "tally/protocol/control.h"
 #include "tally/reducer/replica_mesh.h"
 
 namespace {
@@ -66,6 +67,7 @@ bool send_prefix(Stream& stream, uint8_t mode, std::chrono::steady_clock::time_p
 // The reducers start before the first input, so that nothing they
 // allocate for good is counted against an input (libFuzzer's leak check).
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  route_protobuf_logs();
   replica_reducer();
   return 0;
 }

@@ -22,6 +22,7 @@
 
 #include "live_reducer.h"
 #include "tally/protocol/auth.h"
+#include "tally/protocol/control.h"
 
 namespace {
 
@@ -71,6 +72,7 @@ bool send_prefix(Stream& stream, uint8_t mode, std::chrono::steady_clock::time_p
 // The reducers start before the first input, so that nothing they
 // allocate for good is counted against an input (libFuzzer's leak check).
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  route_protobuf_logs();
   worker_reducer();
   return 0;
 }

@@ -261,6 +261,25 @@ TEST(Wire, RanksDisagreeingOnTheResultDtypeFailTheOp) {
   });
 }
 
+// The same across replica groups: each group's reducer sees only its own
+// ranks, so the bit rides on the partials and the replicas compare it.
+TEST(Wire, GroupsDisagreeingOnTheResultDtypeFailTheOp) {
+  TestCluster cluster(PoolSpec{.shards = 1, .groups = 2});
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  // Rank 0 is in group 0, rank 1 in group 1 (the default blocks).
+  auto clients = connect_all(cluster, "wide-groups", 2, [](ClientOptions& o, uint32_t r) {
+    o.groups = 2;
+    o.wire_dtype = DType::kBFloat16;
+    if (r == 0) o.wire_result = DType::kFloat32;
+  });
+  ASSERT_EQ(clients.size(), 2u);
+  on_every_rank(2, [&](uint32_t r) {
+    std::vector<float> data(100, 1.0f);
+    const Status s = clients[r]->allreduce(data.data(), data.size(), DType::kFloat32, RedOp::kSum);
+    EXPECT_EQ(s.code(), ErrorCode::kMismatch) << s.to_string();
+  });
+}
+
 // Float32 results without the bfloat16 wire are refused before connecting.
 TEST(Wire, Float32ResultsNeedTheBfloat16Wire) {
   ClientOptions o;

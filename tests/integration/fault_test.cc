@@ -313,6 +313,11 @@ TEST(Fault, HungReducerTakesTheReconnectingJobAtOnce) {
   ASSERT_TRUE(eventually([&] { return contains(first.stdout_of(1), "op 5 ok"); }, 30s))
       << first.stdout_of(1);
   cluster.reducer(0).signal(SIGSTOP);
+  // Continued on every way out, so a failed assertion leaves no stopped reducer.
+  struct Continue {
+    TestCluster& cluster;
+    ~Continue() { cluster.reducer(0).signal(SIGCONT); }
+  } continue_at_exit{cluster};
   for (uint32_t r = 0; r < 2; ++r) {
     auto out = first.wait(r, 20s);
     EXPECT_NE(out.exit_code, 0) << out.out;

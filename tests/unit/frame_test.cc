@@ -16,6 +16,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "tally.pb.h"
+#include "tally/protocol/control.h"
 #include "tally/protocol/dtype.h"
 #include "tally/protocol/status.h"
 #include "tally/protocol/tcp_transport.h"
@@ -461,7 +463,13 @@ TEST(FrameDecode, WideResultFlagAsksForFloat32ResultsOfSixteenBitContributions) 
   answer.flags = kFrameFlagAccumulators;
   answer.length = 100 * 4;
   ASSERT_TRUE(decode(encode_header(answer)).is_ok());
-  // Not on a float32 contribution, a result, a partial, or with accumulators.
+  // A partial of such a chunk carries it beside its accumulators.
+  FrameHeader partial = answer;
+  partial.kind = FrameKind::kPartial;
+  partial.flags = kFrameFlagAccumulators | kFrameFlagWideResult;
+  ASSERT_TRUE(decode(encode_header(partial)).is_ok());
+  // Not on a float32 contribution, a result, a partial without
+  // accumulators, or a contribution with them.
   FrameHeader f32 = valid_data_header(DType::kFloat32);
   f32.flags = kFrameFlagWideResult;
   expect_rejected(encode_header(f32), ErrorCode::kProtocol);
@@ -470,6 +478,9 @@ TEST(FrameDecode, WideResultFlagAsksForFloat32ResultsOfSixteenBitContributions) 
     other.kind = kind;
     expect_rejected(encode_header(other), ErrorCode::kProtocol);
   }
+  FrameHeader result_both = answer;
+  result_both.flags = kFrameFlagWideResult | kFrameFlagAccumulators;
+  expect_rejected(encode_header(result_both), ErrorCode::kProtocol);
   FrameHeader both = ask;
   both.flags = kFrameFlagWideResult | kFrameFlagAccumulators;
   expect_rejected(encode_header(both), ErrorCode::kProtocol);
@@ -478,6 +489,24 @@ TEST(FrameDecode, WideResultFlagAsksForFloat32ResultsOfSixteenBitContributions) 
   f32_result.kind = FrameKind::kResult;
   f32_result.flags = kFrameFlagAccumulators;
   expect_rejected(encode_header(f32_result), ErrorCode::kProtocol);
+}
+
+// A peer's string shortened for an error message stays valid UTF-8 (a
+// proto3 string that is not would make the receiver refuse the message).
+TEST(Utf8Prefix, NeverCutsACharacter) {
+  const std::string text = "ab\xc3\xa9\xe2\x82\xac";  // "ab", e-acute (2 bytes), euro (3 bytes)
+  EXPECT_EQ(utf8_prefix(text, 100), text);
+  EXPECT_EQ(utf8_prefix(text, 7), text);
+  EXPECT_EQ(utf8_prefix(text, 6), "ab\xc3\xa9");
+  EXPECT_EQ(utf8_prefix(text, 5), "ab\xc3\xa9");
+  EXPECT_EQ(utf8_prefix(text, 4), "ab\xc3\xa9");
+  EXPECT_EQ(utf8_prefix(text, 3), "ab");
+  EXPECT_EQ(utf8_prefix(text, 2), "ab");
+  EXPECT_EQ(utf8_prefix(text, 0), "");
+  wire::Control m;
+  m.mutable_goodbye()->set_reason(utf8_prefix(text, 5));
+  const std::string bytes = m.SerializeAsString();
+  EXPECT_TRUE(parse_control(std::as_bytes(std::span(bytes))).is_ok());
 }
 
 TEST(FrameDecode, ControlPayloadUpToTheLimitIsAcceptedAndOneMoreIsNot) {

@@ -56,7 +56,8 @@ class LocalPool {
   // Where reducer `index` writes its counters (with options.stats).
   std::string stats_path(uint32_t index) const { return dir_ + "/stats-" + std::to_string(index); }
   // Starts reducer `index` again, on the address it had (after it was
-  // killed), with the same arguments, and waits until it listens.
+  // killed), with the same arguments, and waits until it listens; its log
+  // (with log_dir) is reducer-<index>.log.<n> for the n-th restart.
   // Errors: as start().
   Status restart(uint32_t index,
                  std::chrono::milliseconds timeout = std::chrono::milliseconds(15000));
@@ -70,6 +71,7 @@ class LocalPool {
   uint32_t groups_ = 1;
   std::vector<Process> processes_;
   std::vector<ProcessSpec> specs_;
+  std::vector<uint32_t> restarts_;  // by index: how often restart() started it again
   std::vector<std::string> addresses_;
   std::vector<std::string> http_addresses_;
 };

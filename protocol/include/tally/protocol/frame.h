@@ -48,11 +48,12 @@ inline constexpr uint32_t kReducerRank = 0xFFFFFFFF;
 // one reducer would; a result carries it when its contributions asked for
 // kFrameFlagWideResult.
 inline constexpr uint16_t kFrameFlagAccumulators = 0x1;
-// Flag bit 1 (contributions of float16/bfloat16 ops only): send this
-// chunk's result as its float32 sums (kFrameFlagAccumulators), not rounded
-// to the op's dtype. Workers set it for float32 tensors on the bfloat16
-// wire with TALLY_WIRE_RESULT=float32; every rank's contributions to a
-// chunk must agree.
+// Flag bit 1 (contributions of float16/bfloat16 ops; their partials): send
+// this chunk's result as its float32 sums (kFrameFlagAccumulators), not
+// rounded to the op's dtype. Workers set it for float32 tensors on the
+// bfloat16 wire with TALLY_WIRE_RESULT=float32; every rank's contributions
+// to a chunk must agree, and a partial carries it (beside bit 0) so that
+// replicas whose groups disagree fail the op too.
 inline constexpr uint16_t kFrameFlagWideResult = 0x2;
 
 enum class FrameKind : uint8_t {

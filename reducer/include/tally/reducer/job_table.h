@@ -71,6 +71,8 @@ class JobTable {
   // No new job from other replicas from now on; losses are no longer
   // reported (every stream is closing anyway).
   void stop();
+  // Whether stop() has been called (admissions are refused from then on).
+  bool stopping() const;
   size_t size() const;
   // After the I/O threads are joined: drops every job.
   void clear();

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <boost/asio/steady_timer.hpp>
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -50,12 +51,12 @@ class WorkerSession final : public FrameHandler,
   // Joins the job and sends the Welcome (with the reducer's proof when the
   // worker authenticated).
   void admit(const wire::Hello& hello, bool authenticated);
-  // admit()'s join. A refusal for state this stream may be outliving (the
-  // rank is still connected, or the job has failed and not every rank has
-  // left yet) is tried again every kStaleStateRetry until `deadline`: a
-  // worker that reconnects after a hang or a lost stream usually gets here
-  // before the reducer has read its old streams' ends (docs/protocol.md,
-  // "Reconnecting").
+  // admit()'s join, on the connection's executor. A refusal for state this
+  // stream may be outliving (the rank is still connected, or the job has
+  // failed and not every rank has left yet) is tried again every
+  // kStaleStateRetry until `deadline`: a worker that reconnects after a
+  // hang or a lost stream usually gets here before the reducer has read its
+  // old streams' ends (docs/protocol.md, "Reconnecting").
   void join(std::shared_ptr<const wire::Hello> hello, bool authenticated,
             std::chrono::steady_clock::time_point deadline);
   // What a worker's MAC covers besides the nonces: who it says it is.
@@ -78,8 +79,10 @@ class WorkerSession final : public FrameHandler,
   std::unique_ptr<wire::Hello> pending_hello_;
   std::string worker_nonce_, reducer_nonce_;
   std::optional<boost::asio::steady_timer> auth_timer_;
+  // Set while (and after) join() waits to try again; a second Hello then is
+  // refused like any second Hello.
   std::optional<boost::asio::steady_timer> join_timer_;
-  bool closed_ = false;
+  bool closed_ = false;  // on_closed has run: a pending join() does nothing
   PendingContribution pending_;
 };
 
