@@ -150,9 +150,10 @@ void HttpServer::Impl::accept() {
     if (ec == asio::error::operation_aborted || !self->acceptor.is_open()) return;
     if (!ec) {
       if (self->open.load(std::memory_order_relaxed) >= self->options.max_connections) {
+        // Counted before the close: whoever sees the close sees the count.
+        if (self->events.on_rejected) self->events.on_rejected();
         beast::error_code ignored;
         socket.close(ignored);
-        if (self->events.on_rejected) self->events.on_rejected();
       } else {
         self->open.fetch_add(1, std::memory_order_relaxed);
         auto conn = std::make_shared<HttpConnection>(self, std::move(socket));
