@@ -44,20 +44,20 @@ std::string find_reducer_binary() {
 
 Result<std::unique_ptr<LocalPool>> LocalPool::start(const LocalPoolOptions& options) {
   std::unique_ptr<LocalPool> pool(new LocalPool());
-  char tmpl[] = "/tmp/tally-pool-XXXXXX";
-  if (!mkdtemp(tmpl)) return Status(ErrorCode::kUnavailable, "cannot create a temporary directory");
-  pool->dir_ = tmpl;
+  auto scratch = ScratchDir::make("tally-pool-");
+  if (!scratch) return scratch.status();
+  pool->scratch_ = std::move(*scratch);
   pool->shards_ = options.shards;
   pool->groups_ = options.groups;
   const std::string binary =
       options.reducer_path.empty() ? find_reducer_binary() : options.reducer_path;
   const uint32_t count = options.shards * options.groups;
-  const std::string pool_file = pool->dir_ + "/pool";
+  const std::string pool_file = pool->scratch_->path() + "/pool";
   std::vector<std::string> ready_files;
   for (uint32_t i = 0; i < count; ++i) {
     ProcessSpec spec;
     spec.path = binary;
-    ready_files.push_back(pool->dir_ + "/ready-" + std::to_string(i));
+    ready_files.push_back(pool->scratch_->path() + "/ready-" + std::to_string(i));
     const std::string host = i < options.hosts.size() ? options.hosts[i] : "127.0.0.1";
     spec.args = {"--listen",     host + ":0",
                  "--shard",      std::to_string(i % options.shards),
@@ -125,7 +125,8 @@ Status LocalPool::restart(uint32_t index, std::chrono::milliseconds timeout) {
   // Each incarnation has its own ready file and log: the wait below must
   // not see an earlier one's file, nor the log overwrite an earlier one's.
   const std::string incarnation = std::to_string(++restarts_[index]);
-  const std::string ready = dir_ + "/ready-" + std::to_string(index) + "-" + incarnation;
+  const std::string ready =
+      scratch_->path() + "/ready-" + std::to_string(index) + "-" + incarnation;
   for (size_t i = 0; i + 1 < spec.args.size(); ++i) {
     if (spec.args[i] == "--listen") spec.args[i + 1] = addresses_[index];
     if (spec.args[i] == "--ready-file") spec.args[i + 1] = ready;
@@ -164,11 +165,7 @@ std::vector<int> LocalPool::stop(std::chrono::milliseconds grace) {
   return statuses;
 }
 
-LocalPool::~LocalPool() {
-  stop();
-  std::error_code ec;
-  fs::remove_all(dir_, ec);
-}
+LocalPool::~LocalPool() { stop(); }  // then scratch_ goes, with the reducers' files
 
 std::string LocalPool::pool_string() const {
   std::string out;

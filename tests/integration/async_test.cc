@@ -243,22 +243,35 @@ TEST(Wire, Float32ResultsAreTheReducersUnroundedSums) {
   }
 }
 
+// One float32 op of two ranks on the bfloat16 wire where only rank 0 asks
+// for float32 results; each rank's status.
+std::vector<Status> allreduce_with_rank0_wide(const TestCluster& cluster, const std::string& job,
+                                              uint32_t groups) {
+  auto clients = connect_all(cluster, job, 2, [groups](ClientOptions& o, uint32_t r) {
+    o.groups = groups;
+    o.wire_dtype = DType::kBFloat16;
+    if (r == 0) o.wire_result = DType::kFloat32;
+  });
+  EXPECT_EQ(clients.size(), 2u);
+  std::vector<Status> statuses(clients.size());
+  on_every_rank(static_cast<uint32_t>(clients.size()), [&](uint32_t r) {
+    std::vector<float> data(100, 1.0f);
+    statuses[r] = clients[r]->allreduce(data.data(), data.size(), DType::kFloat32, RedOp::kSum);
+  });
+  return statuses;
+}
+
 // Ranks that disagree on TALLY_WIRE_RESULT fail the op on every rank, both
 // ranks named.
 TEST(Wire, RanksDisagreeingOnTheResultDtypeFailTheOp) {
   TestCluster cluster(PoolSpec{});
   ASSERT_TRUE(cluster.ok()) << cluster.error();
-  auto clients = connect_all(cluster, "wide-mismatch", 2, [](ClientOptions& o, uint32_t r) {
-    o.wire_dtype = DType::kBFloat16;
-    if (r == 0) o.wire_result = DType::kFloat32;
-  });
-  ASSERT_EQ(clients.size(), 2u);
-  on_every_rank(2, [&](uint32_t r) {
-    std::vector<float> data(100, 1.0f);
-    const Status s = clients[r]->allreduce(data.data(), data.size(), DType::kFloat32, RedOp::kSum);
+  const auto statuses = allreduce_with_rank0_wide(cluster, "wide-mismatch", 1);
+  ASSERT_EQ(statuses.size(), 2u);
+  for (const Status& s : statuses) {
     EXPECT_EQ(s.code(), ErrorCode::kMismatch) << s.to_string();
     EXPECT_NE(s.message().find("float32 results"), std::string::npos) << s.to_string();
-  });
+  }
 }
 
 // The same across replica groups: each group's reducer sees only its own
@@ -267,17 +280,9 @@ TEST(Wire, GroupsDisagreeingOnTheResultDtypeFailTheOp) {
   TestCluster cluster(PoolSpec{.shards = 1, .groups = 2});
   ASSERT_TRUE(cluster.ok()) << cluster.error();
   // Rank 0 is in group 0, rank 1 in group 1 (the default blocks).
-  auto clients = connect_all(cluster, "wide-groups", 2, [](ClientOptions& o, uint32_t r) {
-    o.groups = 2;
-    o.wire_dtype = DType::kBFloat16;
-    if (r == 0) o.wire_result = DType::kFloat32;
-  });
-  ASSERT_EQ(clients.size(), 2u);
-  on_every_rank(2, [&](uint32_t r) {
-    std::vector<float> data(100, 1.0f);
-    const Status s = clients[r]->allreduce(data.data(), data.size(), DType::kFloat32, RedOp::kSum);
-    EXPECT_EQ(s.code(), ErrorCode::kMismatch) << s.to_string();
-  });
+  const auto statuses = allreduce_with_rank0_wide(cluster, "wide-groups", 2);
+  ASSERT_EQ(statuses.size(), 2u);
+  for (const Status& s : statuses) EXPECT_EQ(s.code(), ErrorCode::kMismatch) << s.to_string();
 }
 
 // Float32 results without the bfloat16 wire are refused before connecting.

@@ -54,7 +54,9 @@ class LocalPool {
   // options.http), by index.
   const std::vector<std::string>& http_addresses() const { return http_addresses_; }
   // Where reducer `index` writes its counters (with options.stats).
-  std::string stats_path(uint32_t index) const { return dir_ + "/stats-" + std::to_string(index); }
+  std::string stats_path(uint32_t index) const {
+    return scratch_->path() + "/stats-" + std::to_string(index);
+  }
   // Starts reducer `index` again, on the address it had (after it was
   // killed), with the same arguments, and waits until it listens; its log
   // (with log_dir) is reducer-<index>.log.<n> for the n-th restart.
@@ -66,7 +68,7 @@ class LocalPool {
 
  private:
   LocalPool() = default;
-  std::string dir_;
+  std::unique_ptr<ScratchDir> scratch_;  // ready files, the pool file, stats
   uint32_t shards_ = 1;
   uint32_t groups_ = 1;
   std::vector<Process> processes_;
