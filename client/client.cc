@@ -45,24 +45,35 @@ using client_internal::kEarlyErrorsKept;
 using client_internal::kSpareStagingKept;
 using std::chrono::milliseconds;
 
+std::span<std::byte> client_internal::result_span(Op& op, const ChunkExtent& e) {
+  // A wide result is the float32 sums, at twice the wire offset.
+  const uint64_t scale = op.wide_result ? 2 : 1;
+  std::byte* base = !op.kept.empty()                        ? op.kept.data()
+                    : op.wide_result || op.wire == op.dtype ? op.data
+                                                            : op.staging.data();
+  return {base + e.offset * scale, e.length * scale};
+}
+
 void Client::Impl::pump(ShardLink& link) {
   // Both windows from the Welcome: chunks (the reducer's slabs) and bytes
   // (its ingress budget); one chunk may always be in flight, so a piece
-  // larger than the byte window still moves.
+  // larger than the byte window still moves. A replay is answered like a
+  // contribution, so it takes its place in both.
   while (link.inflight < link.window && !link.queue.empty() && !link.closed()) {
-    auto [op, index] = link.queue.front();
+    const auto [op, index, replay] = link.queue.front();
     const ChunkExtent e = op->plan->chunk(index);
-    if (link.inflight > 0 && link.inflight_bytes + e.length > link.window_bytes) break;
+    std::span<std::byte> payload =
+        replay ? result_span(*op, e) : std::span(op->data + e.offset, e.length);
+    if (link.inflight > 0 && link.inflight_bytes + payload.size() > link.window_bytes) break;
     link.queue.pop_front();
-    std::byte* wire = op->data;
-    if (op->wire != op->dtype) {
+    if (!replay && op->wire != op->dtype) {
       // float32 -> bfloat16, the only narrowing wire (make_op).
-      wire = op->staging.data();
-      kernels().narrow_bf16(reinterpret_cast<uint16_t*>(wire + e.offset),
+      payload = std::span(op->staging.data() + e.offset, e.length);
+      kernels().narrow_bf16(reinterpret_cast<uint16_t*>(payload.data()),
                             reinterpret_cast<const float*>(op->data + e.offset * 2), e.length / 2);
     }
     FrameHeader h;
-    h.kind = FrameKind::kContribution;
+    h.kind = replay ? FrameKind::kReplay : FrameKind::kContribution;
     h.dtype = op->wire;
     h.redop = op->redop;
     h.rank = options.rank;
@@ -72,18 +83,21 @@ void Client::Impl::pump(ShardLink& link) {
     h.offset = e.offset;
     h.chunk = e.index;
     h.chunks_on_shard = static_cast<uint32_t>(op->plan->chunks_on_shard(e.shard));
-    h.length = e.length;
-    h.flags = op->wide_result ? kFrameFlagWideResult : 0;
+    h.length = payload.size();
+    // A replay carries the result as it came: float32 sums are accumulators.
+    h.flags = !op->wide_result ? 0 : replay ? kFrameFlagAccumulators : kFrameFlagWideResult;
+    if (replay) op->replaying[index] = 1;
     link.inflight++;
-    link.inflight_bytes += e.length;
+    link.inflight_bytes += payload.size();
     op->unanswered[link.shard()]++;
-    op->unanswered_bytes[link.shard()] += e.length;
+    op->unanswered_bytes[link.shard()] += payload.size();
     op->sending_on[link.shard()]++;
     const uint32_t shard = link.shard();
     // A failed send always closes the stream, and on_closed fails the op
-    // with the reducer named; here only the buffer is released.
-    link.conn()->send(h, {wire + e.offset, e.length}, [this, op, shard](const Status&) {
+    // with the reducer named (or reopens it); here only the buffer is released.
+    link.conn()->send(h, payload, [this, op, shard](const Status&) {
       op->sending_on[shard]--;
+      if (op->finished) return trim_kept();
       maybe_finish(op);
     });
   }
@@ -104,7 +118,7 @@ void Client::Impl::start_op(const std::shared_ptr<Op>& op) {
     return fail_op(op, s);
   }
   op->got.assign(op->plan->chunk_count(), 0);
-  std::byte* wire = op->data;
+  op->replaying.assign(op->plan->chunk_count(), 0);
   if (op->wire != op->dtype) {
     const size_t bytes = op->plan->nbytes();
     auto fits = std::find_if(spare_staging.begin(), spare_staging.end(),
@@ -114,18 +128,26 @@ void Client::Impl::start_op(const std::shared_ptr<Op>& op) {
       spare_staging.erase(fits);
     }
     op->staging.resize(bytes);
-    wire = op->staging.data();
   }
   op->deadline.emplace(io, backstop(options.op_timeout));
   op->deadline->async_wait([this, op](const boost::system::error_code& ec) {
     if (ec) return;
     std::string pending;
+    uint32_t shard = 0;
     for (uint64_t k = 0; k < op->plan->chunk_count(); ++k) {
       if (!op->got[k]) {
-        pending = "chunk " + std::to_string(k) + " (shard " +
-                  std::to_string(op->plan->chunk(k).shard) + ")";
+        shard = op->plan->chunk(k).shard;
+        pending = "chunk " + std::to_string(k) + " (shard " + std::to_string(shard) + ")";
         break;
       }
+    }
+    if (const std::optional<Status>& lost = links[shard]->lost()) {
+      // Its reducer is being reconnected to: that is the cause.
+      return fail_op(op,
+                     Status(lost->code(), "op " + std::to_string(op->id) + ": " + lost->message() +
+                                              "; not back within " +
+                                              std::to_string(backstop(options.op_timeout).count()) +
+                                              " ms of the op's start"));
     }
     fail_op(op, Status(ErrorCode::kTimeout,
                        "op " + std::to_string(op->id) + ": no answer from the pool within " +
@@ -135,12 +157,9 @@ void Client::Impl::start_op(const std::shared_ptr<Op>& op) {
   for (uint64_t k = 0; k < op->plan->chunk_count(); ++k) {
     const ChunkExtent e = op->plan->chunk(k);
     ShardLink& link = *links[e.shard];
-    // A wide result is the float32 sums: straight into the caller's buffer.
-    const std::span<std::byte> dst = op->wide_result
-                                         ? std::span(op->data + e.offset * 2, e.length * 2)
-                                         : std::span(wire + e.offset, e.length);
-    link.conn()->post_receive({FrameKind::kResult, op->id, e.index}, dst);
-    link.queue.emplace_back(op, e.index);
+    if (link.closed()) continue;  // being reopened: on_link_resumed sends it
+    link.conn()->post_receive({FrameKind::kResult, op->id, e.index}, result_span(*op, e));
+    link.queue.push_back({op, e.index, false});
   }
   for (auto& link : links) pump(*link);
 }
@@ -167,8 +186,9 @@ void Client::Impl::fail_op(std::shared_ptr<Op> op, const Status& status) {
       link->inflight_bytes -= op->unanswered_bytes[link->shard()];
       op->unanswered[link->shard()] = 0;
       op->unanswered_bytes[link->shard()] = 0;
-      std::erase_if(link->queue, [&](auto& entry) { return entry.first == op; });
+      std::erase_if(link->queue, [&](auto& entry) { return entry.op == op; });
     }
+    std::fill(op->replaying.begin(), op->replaying.end(), 0);  // their answers are discarded
   }
   maybe_finish(op);
   if (!op->finished) {
@@ -198,10 +218,105 @@ void Client::Impl::maybe_finish(std::shared_ptr<Op> op) {
   if (op->deadline) op->deadline->cancel();
   if (op->drain) op->drain->cancel();
   ops.erase(op->id);
+  if (!op->failed) keep(op);
   if (!op->staging.empty() && spare_staging.size() < kSpareStagingKept) {
     spare_staging.push_back(std::move(op->staging));
   }
   op->handle->end_one(op->failed ? op->failure : Status::ok());
+  note_received();
+}
+
+void Client::Impl::keep(const std::shared_ptr<Op>& kept_op) {
+  Op& op = *kept_op;
+  if (options.resume_bytes == 0 || options.groups > 1 || !op.plan) return;
+  const ChunkExtent whole{0, 0, 0, op.plan->nbytes()};
+  const std::span<std::byte> results = result_span(op, whole);
+  if (kept_bytes + results.size() > options.resume_bytes) {
+    spdlog::warn(
+        "job '{}' rank {}: op {} is not kept for a reducer restart: {} bytes of results are "
+        "kept already (TALLY_RESUME_BYTES={})",
+        options.job, options.rank, op.id, kept_bytes, options.resume_bytes);
+    return;
+  }
+  op.kept.assign(results.begin(), results.end());
+  kept_bytes += op.kept.size();
+  kept.emplace(op.id, kept_op);
+}
+
+void Client::Impl::trim_kept() {
+  uint64_t below = std::numeric_limits<uint64_t>::max();
+  for (auto& link : links) below = std::min(below, link->released_below);
+  for (auto it = kept.begin(); it != kept.end() && it->first < below;) {
+    Op& op = *it->second;
+    const bool busy =
+        std::any_of(op.sending_on.begin(), op.sending_on.end(), [](uint32_t n) { return n > 0; }) ||
+        std::any_of(op.unanswered.begin(), op.unanswered.end(), [](uint32_t n) { return n > 0; });
+    if (busy) {  // a replay of it is still being sent or answered
+      ++it;
+      continue;
+    }
+    kept_bytes -= op.kept.size();
+    it = kept.erase(it);
+  }
+}
+
+void Client::Impl::note_received() {
+  const uint64_t mark = ops.empty() ? started_below : std::min(started_below, ops.begin()->first);
+  if (mark <= received_sent) return;
+  received_sent = mark;
+  for (auto& link : links) link->send_received(mark);
+}
+
+void Client::Impl::on_released(uint32_t shard, uint64_t op_below) {
+  ShardLink& link = *links[shard];
+  link.released_below = std::max(link.released_below, op_below);
+  trim_kept();
+}
+
+void Client::Impl::on_link_lost(uint32_t shard) {
+  ShardLink& link = *links[shard];
+  // Nothing sent on the lost stream will be answered, and it writes into
+  // no buffer any more.
+  link.inflight = 0;
+  link.inflight_bytes = 0;
+  link.queue.clear();
+  auto forget = [&](Op& op) {
+    if (!op.plan || op.unanswered.empty()) return;
+    op.receiving_on[shard] = 0;
+    op.unanswered[shard] = 0;
+    op.unanswered_bytes[shard] = 0;
+    const uint64_t first = op.plan->first_chunk(shard);
+    for (uint64_t k = first; k < first + op.plan->chunks_on_shard(shard); ++k) op.replaying[k] = 0;
+  };
+  std::vector<std::shared_ptr<Op>> live;
+  for (auto& [id, op] : ops) {
+    forget(*op);
+    live.push_back(op);
+  }
+  for (auto& [id, op] : kept) forget(*op);
+  for (auto& op : live) maybe_finish(op);  // a failed op may have waited on that stream
+}
+
+void Client::Impl::on_link_resumed(uint32_t shard) {
+  ShardLink& link = *links[shard];
+  // In (op, chunk) order, as the reducer requires of a stream.
+  std::map<uint64_t, std::shared_ptr<Op>> again(kept.begin(), kept.end());
+  for (auto& [id, op] : ops) {
+    if (!op->failed && op->plan) again.emplace(id, op);
+  }
+  for (auto& [id, op] : again) {
+    const uint64_t first = op->plan->first_chunk(shard);
+    for (uint64_t k = first; k < first + op->plan->chunks_on_shard(shard); ++k) {
+      const bool have = op->finished || op->got[k];
+      if (!have) {
+        link.conn()->post_receive({FrameKind::kResult, id, static_cast<uint32_t>(k)},
+                                  result_span(*op, op->plan->chunk(k)));
+      }
+      link.queue.push_back({op, static_cast<uint32_t>(k), have});
+    }
+  }
+  if (received_sent > 0) link.send_received(received_sent);
+  pump(link);
 }
 
 void Client::Impl::on_op_error(uint64_t op_id, const Status& status) {
@@ -213,12 +328,9 @@ void Client::Impl::on_op_error(uint64_t op_id, const Status& status) {
 
 void Client::Impl::on_link_closed(uint32_t shard, const Status& status) {
   if (!broken) broken = status;
+  on_link_lost(shard);
   std::vector<std::shared_ptr<Op>> all;
-  for (auto& [id, op] : ops) {
-    op->receiving_on[shard] = 0;
-    all.push_back(op);
-  }
-  links[shard]->queue.clear();
+  for (auto& [id, op] : ops) all.push_back(op);
   for (auto& op : all) {
     fail_op(op, status);
     maybe_finish(op);

@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -61,6 +62,7 @@ struct Op {
   std::optional<ChunkPlan> plan;  // over count elements of `wire`
   uint64_t results = 0;
   std::vector<uint8_t> got;                // by chunk: result written
+  std::vector<uint8_t> replaying;          // by chunk: replayed, its answer not in yet
   std::vector<uint32_t> sending_on;        // by shard: sends the transport still reads
   std::vector<uint32_t> receiving_on;      // by shard: cancelled receives still being written
   std::vector<uint32_t> unanswered;        // by shard: chunks sent whose result has not come
@@ -72,7 +74,14 @@ struct Op {
   std::optional<boost::asio::steady_timer> drain;
   // Where the caller learns the end (shared by the ops of a fused call).
   std::shared_ptr<OpHandle::State> handle;
+  // After the op finished: a copy of its results as the reducers sent them,
+  // kept until every rank has them (Client::Impl::kept), for replays.
+  std::vector<std::byte> kept;
 };
+
+// Where the result bytes of `op`'s chunk `e` are, as a reducer sends them:
+// where its receive is posted and what a replay sends back.
+std::span<std::byte> result_span(Op& op, const ChunkExtent& e);
 
 }  // namespace client_internal
 
@@ -100,7 +109,12 @@ struct Client::Impl {
   std::atomic<uint64_t> next_op{0};
 
   // I/O thread only.
-  std::unordered_map<uint64_t, std::shared_ptr<Op>> ops;
+  std::map<uint64_t, std::shared_ptr<Op>> ops;  // started, not finished
+  // Finished ops whose results are kept for replays until every reducer has
+  // released them (docs/protocol.md, "Resuming"), and their bytes.
+  std::map<uint64_t, std::shared_ptr<Op>> kept;
+  uint64_t kept_bytes = 0;
+  uint64_t received_sent = 0;  // the Received mark last sent
   std::map<uint64_t, Status> early_errors;
   uint64_t started_below = 0;  // ops with smaller ids have been started
   std::optional<Status> broken;
@@ -111,7 +125,22 @@ struct Client::Impl {
                const Status& status);  // by value: callers may pass the ops map entry
   void maybe_finish(std::shared_ptr<Op> op);
   void on_op_error(uint64_t op_id, const Status& status);
+  // The stream to `shard` is gone for good: every op in flight fails.
   void on_link_closed(uint32_t shard, const Status& status);
+  // The stream to `shard` was lost and is being reopened: nothing in flight
+  // on it will be answered, so its window and receives start again.
+  void on_link_lost(uint32_t shard);
+  // It is open again: every chunk of the ops in flight and the kept ops on
+  // this shard goes again, as a contribution or, where this worker has the
+  // result, as a replay.
+  void on_link_resumed(uint32_t shard);
+  void on_released(uint32_t shard, uint64_t op_below);
+  // Tells the reducers how far this worker has every result (Received).
+  void note_received();
+  // Keeps a copy of a finished op's results, within options.resume_bytes.
+  void keep(const std::shared_ptr<Op>& op);
+  // Drops the kept ops every reducer has released.
+  void trim_kept();
   void pump(ShardLink& link);
 
   // An op for `count` elements at `data`, or why the arguments are unusable.

@@ -51,7 +51,7 @@ const std::vector<std::string_view>& client_option_names() {
       "TALLY_GROUP_SIZES", "TALLY_CHUNK_BYTES", "TALLY_OP_TIMEOUT_MS", "TALLY_CONNECT_TIMEOUT_MS",
       "TALLY_HEARTBEAT_MS", "TALLY_PEER_TIMEOUT_MS", "TALLY_TRANSPORT", "FI_PROVIDER",
       "TALLY_FABRIC_PROVIDER", "TALLY_FABRIC_FORCE_REGISTRATION", "TALLY_FABRIC_MAX_MSG_BYTES",
-      "TALLY_TCP_CONGESTION", "TALLY_WIRE_DTYPE", "TALLY_WIRE_RESULT",
+      "TALLY_TCP_CONGESTION", "TALLY_WIRE_DTYPE", "TALLY_WIRE_RESULT", "TALLY_RESUME_BYTES",
       // The file, when both are set, wins.
       "TALLY_SECRET", "TALLY_SECRET_FILE"};
   return names;
@@ -97,6 +97,7 @@ Status set_client_option(ClientOptions& o, std::string_view name, std::string_vi
     return Status::ok();
   }
   if (name == "TALLY_CHUNK_BYTES") return number(kU64, [&](uint64_t v) { o.chunk_bytes = v; });
+  if (name == "TALLY_RESUME_BYTES") return number(kU64, [&](uint64_t v) { o.resume_bytes = v; });
   if (name == "TALLY_WIRE_DTYPE") {
     if (value != "bfloat16") return bad(name, value, "is not a wire dtype (bfloat16, or unset)");
     o.wire_dtype = DType::kBFloat16;

@@ -1,5 +1,7 @@
 #include "shard_link.h"
 
+#include <spdlog/spdlog.h>
+
 #include <boost/asio/steady_timer.hpp>
 
 #include "tally.pb.h"
@@ -16,10 +18,15 @@ using Clock = std::chrono::steady_clock;
 using client_internal::kConnectRetry;
 using std::chrono::milliseconds;
 
+// Pauses between attempts to reopen a lost stream: doubling up to the last.
+constexpr milliseconds kResumeBackoffFirst{100};
+constexpr milliseconds kResumeBackoffMost{1000};
+
 void ShardLink::connect(Clock::time_point deadline) {
   if (closing_) return settle(Status(ErrorCode::kCancelled, "client closed while connecting"));
   const auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
   if (left <= milliseconds(0)) {
+    if (phase_ == Phase::kResuming) return retry();
     return settle(
         Status(ErrorCode::kTimeout, "could not reach reducer " + address_.to_string() + " (shard " +
                                         std::to_string(shard_) + ") within " +
@@ -50,7 +57,31 @@ void ShardLink::leave(const std::string& reason, std::function<void()> done) {
   });
 }
 
+void ShardLink::send_received(uint64_t op_below) {
+  if (closed_ || !conn_) return;
+  wire::Control received;
+  received.mutable_received()->set_op_below(op_below);
+  conn_->send_control(received);
+}
+
 PayloadAction ShardLink::on_data_header(const FrameHeader& h) {
+  if (h.kind == FrameKind::kResult) {
+    // The answer to a replay: this worker has the bytes already.
+    std::shared_ptr<Op> op;
+    if (auto it = client_.ops.find(h.op); it != client_.ops.end()) op = it->second;
+    if (auto it = client_.kept.find(h.op); it != client_.kept.end()) op = it->second;
+    if (op && h.chunk < op->replaying.size() && op->replaying[h.chunk]) {
+      const uint64_t bytes = result_span(*op, op->plan->chunk(h.chunk)).size();
+      op->replaying[h.chunk] = 0;
+      op->unanswered[shard_]--;
+      op->unanswered_bytes[shard_] -= bytes;
+      inflight--;
+      inflight_bytes -= bytes;
+      client_.pump(*this);
+      client_.trim_kept();
+      return PayloadAction::discard();
+    }
+  }
   if (h.kind == FrameKind::kResult && h.op < client_.started_below) {
     auto it = client_.ops.find(h.op);
     if (it == client_.ops.end() || it->second->failed) return PayloadAction::discard();
@@ -66,6 +97,9 @@ std::string ShardLink::identity() const {
 
 void ShardLink::on_control(const wire::Control& message) {
   if (message.has_welcome()) return on_welcome(message.welcome());
+  if (message.has_released() && settled_ && phase_ == Phase::kLive) {
+    return client_.on_released(shard_, message.released().op_below());
+  }
   if (message.has_auth_challenge() && !settled_ && reducer_nonce_.empty()) {
     const std::string& nonce = message.auth_challenge().nonce();
     if (client_.options.secret.empty() || nonce.size() != kAuthNonceBytes) {
@@ -103,12 +137,74 @@ void ShardLink::on_closed(const Status& status) {
   why = why.with_context("lost reducer " + address_.to_string() + " (shard " +
                          std::to_string(shard_) + ")");
   closed_ = true;
-  if (!settled_) settle(why);
+  switch (phase_) {
+    case Phase::kJoining:
+      settle(why);
+      phase_ = Phase::kGone;
+      return client_.on_link_closed(shard_, why);
+    case Phase::kLive:
+      if (!resumable(why)) {
+        phase_ = Phase::kGone;
+        return client_.on_link_closed(shard_, why);
+      }
+      phase_ = Phase::kResuming;
+      lost_ = why;
+      resume_deadline_ = Clock::now() + client_.options.op_timeout;
+      backoff_ = kResumeBackoffFirst;
+      spdlog::warn("job '{}' rank {}: {}; reconnecting for up to {} ms", client_.options.job,
+                   client_.options.rank, why.to_string(), client_.options.op_timeout.count());
+      client_.on_link_lost(shard_);
+      return retry();
+    case Phase::kResuming:
+      // An attempt that did not get its Welcome.
+      if (!resumable(why)) {
+        return give_up(Status(why.code(), lost_->message() + "; reconnecting to it failed: " +
+                                              fatal_.value_or(status).message()));
+      }
+      return retry();
+    case Phase::kGone:
+      return;
+  }
+}
+
+bool ShardLink::resumable(const Status& why) const {
+  if (closing_ || client_.options.resume_bytes == 0 || client_.options.groups > 1) return false;
+  // A reducer's refusal stops it, unless it is the stale state a reducer
+  // holds until it has seen the old stream end, or a reducer shutting down.
+  if (!fatal_) return true;
+  const ErrorCode code = why.code();
+  return code == ErrorCode::kUnavailable || code == ErrorCode::kAlreadyExists;
+}
+
+void ShardLink::retry() {
+  if (closing_) return;
+  if (Clock::now() >= resume_deadline_) {
+    return give_up(Status(lost_->code(), lost_->message() + "; it did not come back within " +
+                                             std::to_string(client_.options.op_timeout.count()) +
+                                             " ms"));
+  }
+  auto timer = std::make_shared<asio::steady_timer>(client_.io, backoff_);
+  backoff_ = std::min(backoff_ * 2, kResumeBackoffMost);
+  timer->async_wait([self = shared_from_this(), timer](const boost::system::error_code&) {
+    if (self->closing_ || self->phase_ != Phase::kResuming) return;
+    // A fresh attempt: nothing of the last one's handshake carries over.
+    self->settled_ = false;
+    self->fatal_.reset();
+    self->worker_nonce_.clear();
+    self->reducer_nonce_.clear();
+    self->connect(self->resume_deadline_);
+  });
+}
+
+void ShardLink::give_up(const Status& why) {
+  phase_ = Phase::kGone;
+  closed_ = true;
   client_.on_link_closed(shard_, why);
 }
 
 void ShardLink::on_connected(Result<asio::ip::tcp::socket> r, Clock::time_point deadline) {
   if (closing_) return settle(Status(ErrorCode::kCancelled, "client closed while connecting"));
+  if (!r && phase_ == Phase::kResuming) return retry();
   if (!r) {
     last_error_ = r.status().message();
     if (r.status().code() == ErrorCode::kUnavailable && Clock::now() + kConnectRetry < deadline) {
@@ -139,6 +235,7 @@ void ShardLink::on_connected(Result<asio::ip::tcp::socket> r, Clock::time_point 
   h->set_group(client_.group);
   for (uint32_t n : client_.group_sizes) h->add_group_sizes(n);
   h->set_groups_explicit(client_.options.group.has_value());
+  h->set_resume(phase_ == Phase::kResuming);
   if (!client_.options.secret.empty()) {
     worker_nonce_ = make_nonce();
     h->set_auth_nonce(worker_nonce_);
@@ -198,6 +295,7 @@ void ShardLink::on_welcome(const wire::Welcome& w) {
     bad = s.with_context(who);
   }
   if (!bad.is_ok()) {
+    fatal_ = bad;  // what on_closed reports (and, while resuming, gives up on)
     settle(bad);
     return conn_->close(bad);
   }
@@ -210,7 +308,18 @@ void ShardLink::on_welcome(const wire::Welcome& w) {
 void ShardLink::settle(const Status& s) {
   if (settled_) return;
   settled_ = true;
-  welcomed_.set_value(s);
+  if (phase_ == Phase::kJoining) {
+    if (s.is_ok()) phase_ = Phase::kLive;
+    return welcomed_.set_value(s);
+  }
+  // Resuming: a failed attempt's stream closes next, and on_closed decides.
+  if (phase_ != Phase::kResuming || !s.is_ok()) return;
+  spdlog::info("job '{}' rank {}: reducer {} (shard {}) is back", client_.options.job,
+               client_.options.rank, address_.to_string(), shard_);
+  phase_ = Phase::kLive;
+  closed_ = false;
+  lost_.reset();
+  client_.on_link_resumed(shard_);
 }
 
 void ShardLink::on_data(const FrameHeader& h, std::span<std::byte>) {

@@ -32,6 +32,8 @@ class ShardLink final : public FrameHandler, public std::enable_shared_from_this
 
   // Connects, says hello, resolves `welcomed` (I/O thread).
   void connect(std::chrono::steady_clock::time_point deadline);
+  // Tells the reducer this worker has every result below `op_below`.
+  void send_received(uint64_t op_below);
 
   std::future<Status> welcomed() { return welcomed_.get_future(); }
   void close(const Status& why);
@@ -47,7 +49,11 @@ class ShardLink final : public FrameHandler, public std::enable_shared_from_this
   void on_closed(const Status& status) override;
 
   Connection* conn() { return conn_.get(); }
+  // No stream to send on or receive from: not open yet, lost (and maybe
+  // being reopened), or gone.
   bool closed() const { return closed_; }
+  // While the stream is being reopened: why it was lost.
+  const std::optional<Status>& lost() const { return lost_; }
   uint32_t shard() const { return shard_; }
 
   // From the Welcome: chunks and bytes this stream may have sent without
@@ -57,13 +63,36 @@ class ShardLink final : public FrameHandler, public std::enable_shared_from_this
   uint64_t max_chunk_bytes = 0;
   uint32_t inflight = 0;
   uint64_t inflight_bytes = 0;
-  std::deque<std::pair<std::shared_ptr<Op>, uint32_t>> queue;
+  // Chunks to send, in (op, chunk) order: contributions, or replays of
+  // results this worker has (after a reconnect).
+  struct Queued {
+    std::shared_ptr<Op> op;
+    uint32_t index = 0;
+    bool replay = false;
+  };
+  std::deque<Queued> queue;
+  // The reducer's Released mark.
+  uint64_t released_below = 0;
 
  private:
   void on_connected(Result<boost::asio::ip::tcp::socket> r,
                     std::chrono::steady_clock::time_point deadline);
   void on_welcome(const wire::Welcome& w);
   void settle(const Status& s);
+  // After a loss: the next attempt to reopen the stream, after the backoff,
+  // or giving up once the resume deadline has passed.
+  void retry();
+  void give_up(const Status& why);
+  // Whether a stream lost with `why` is reopened.
+  bool resumable(const Status& why) const;
+
+  // Joining: the first stream, before its Welcome (connect() waits on it).
+  // Live: welcomed. Resuming: lost, being reopened. Gone: for good.
+  enum class Phase { kJoining, kLive, kResuming, kGone };
+  Phase phase_ = Phase::kJoining;
+  std::optional<Status> lost_;
+  std::chrono::steady_clock::time_point resume_deadline_;
+  std::chrono::milliseconds backoff_{0};
 
   Client::Impl& client_;
   const uint32_t shard_;

@@ -94,7 +94,7 @@ Result<FrameHeader> decode_header(std::span<const std::byte, kFrameHeaderBytes> 
   }
   FrameHeader h;
   const uint8_t kind = w.kind.value();
-  if (kind < 1 || kind > 4) return protocol_error("unknown frame kind " + std::to_string(kind));
+  if (kind < 1 || kind > 5) return protocol_error("unknown frame kind " + std::to_string(kind));
   h.kind = static_cast<FrameKind>(kind);
   h.rank = w.rank.value();
   h.job = w.job.value();
@@ -137,8 +137,9 @@ Result<FrameHeader> decode_header(std::span<const std::byte, kFrameHeaderBytes> 
         "wide-result flag on a frame that is not a 16-bit contribution or partial");
   }
   if (accumulators) {
-    if ((h.kind != FrameKind::kPartial && h.kind != FrameKind::kResult) || esize != 2) {
-      return protocol_error("accumulator flag on a frame that is not a 16-bit partial or result");
+    if (h.kind == FrameKind::kContribution || esize != 2) {
+      return protocol_error(
+          "accumulator flag on a frame that is not a 16-bit partial, result or replay");
     }
     if (h.length % 4 != 0) return protocol_error("accumulator payload not a multiple of 4 bytes");
     extent = h.length / 4 * esize;
@@ -148,8 +149,9 @@ Result<FrameHeader> decode_header(std::span<const std::byte, kFrameHeaderBytes> 
                           " bytes exceeds the limit of " + std::to_string(limits.max_data_bytes));
   }
   if (h.length == 0) return protocol_error("empty data frame");
-  if (h.kind == FrameKind::kContribution && h.chunks_on_shard == 0) {
-    return protocol_error("contribution without its shard's chunk count");
+  if ((h.kind == FrameKind::kContribution || h.kind == FrameKind::kReplay) &&
+      h.chunks_on_shard == 0) {
+    return protocol_error(describe(h) + " without its shard's chunk count");
   }
   if (h.length % esize != 0 || h.offset % esize != 0) {
     return protocol_error("chunk offset/length not a multiple of the element size");
@@ -178,6 +180,7 @@ std::string describe(const FrameHeader& h) {
   std::string kind = h.kind == FrameKind::kControl        ? "control"
                      : h.kind == FrameKind::kContribution ? "contribution"
                      : h.kind == FrameKind::kResult       ? "result"
+                     : h.kind == FrameKind::kReplay       ? "replay"
                                                           : "partial";
   return kind + " op=" + std::to_string(h.op) + " chunk=" + std::to_string(h.chunk) +
          " rank=" + std::to_string(h.rank) + " offset=" + std::to_string(h.offset) +

@@ -40,10 +40,15 @@ bool Chunk::seen(uint32_t rank) const {
   return seen_[rank];
 }
 
-SlabRole Chunk::accept(uint32_t rank, const JobMember* member, std::shared_ptr<Slab> slab) {
+SlabRole Chunk::accept(uint32_t rank, const JobMember* member, std::shared_ptr<Slab> slab,
+                       bool replay) {
   std::lock_guard lock(mu_);
   seen_[rank] = true;
   contributors_[rank] = member;
+  if (replay) {
+    replay_accepted_ = true;
+    return SlabRole::kReplay;
+  }
   if (accumulator_) return SlabRole::kStaging;
   accumulator_ = std::move(slab);
   return SlabRole::kAccumulator;
@@ -55,7 +60,17 @@ Chunk::Progress Chunk::add(SlabRole role, std::shared_ptr<Slab> slab, uint32_t l
   if (failed_) return Progress::kWaiting;
   const DType dtype = meta_.dtype;
   const size_t nbytes = meta_.length;
-  if (role == SlabRole::kAccumulator) {
+  if (role == SlabRole::kReplay) {
+    if (!replay_) {
+      // The result is known: what was summed so far is not needed (a
+      // payload still arriving holds its own reference to its slab).
+      replay_ = std::move(slab);
+      accumulator_.reset();
+      pending_.clear();
+    }
+  } else if (replay_) {
+    // Likewise for a contribution that arrives after the replay.
+  } else if (role == SlabRole::kAccumulator) {
     load_payload(dtype, accumulator_->data(), nbytes);
     accumulator_ready_ = true;
     for (auto& p : pending_) reduce_into(dtype, accumulator_->data(), p->data(), nbytes);
@@ -67,8 +82,29 @@ Chunk::Progress Chunk::add(SlabRole role, std::shared_ptr<Slab> slab, uint32_t l
   }
   slab.reset();
   added_++;
+  return completed_locked(local_size, context, why);
+}
+
+bool Chunk::replay_accepted() const {
+  std::lock_guard lock(mu_);
+  return replay_accepted_;
+}
+
+Chunk::Progress Chunk::skip(uint32_t rank, const JobMember* member, uint32_t local_size,
+                            const ButterflyContext& context, Status& why) {
+  std::lock_guard lock(mu_);
+  seen_[rank] = true;
+  contributors_[rank] = member;
+  if (failed_) return Progress::kWaiting;
+  added_++;
+  return completed_locked(local_size, context, why);
+}
+
+Chunk::Progress Chunk::completed_locked(uint32_t local_size, const ButterflyContext& context,
+                                        Status& why) {
   if (added_ < local_size) return Progress::kWaiting;
-  TALLY_CHECK(accumulator_ready_ && pending_.empty());
+  // Every payload is in: a replay's, or every contribution's.
+  TALLY_CHECK(replay_ || (accumulator_ready_ && pending_.empty()));
   if (steps_.empty()) return Progress::kDone;
   local_done_ = true;
   return advance_locked(context, why);
@@ -212,6 +248,7 @@ void Chunk::fail() {
   std::lock_guard lock(mu_);
   failed_ = true;
   accumulator_.reset();
+  replay_.reset();
   pending_.clear();
   arrived_.clear();
 }
@@ -230,7 +267,16 @@ Chunk::Waiting Chunk::waiting(const std::vector<uint32_t>& participants) const {
 
 std::shared_ptr<Slab> Chunk::take_result() {
   std::lock_guard lock(mu_);
+  if (replay_) {
+    accumulator_.reset();
+    return std::move(replay_);
+  }
   return std::move(accumulator_);
+}
+
+bool Chunk::replayed() const {
+  std::lock_guard lock(mu_);
+  return replay_ != nullptr;
 }
 
 bool Chunk::contributed(uint32_t rank, const JobMember* member) const {

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <limits>
 
 #include "tally.pb.h"
 #include "tally/protocol/chunking.h"
@@ -56,7 +57,8 @@ Job::Job(JobSettings settings, std::shared_ptr<SlabQuota> quota, ReducerCounters
                    };
                  }},
       members_(settings_.world_size),
-      memberless_since_(Clock::now()) {
+      memberless_since_(Clock::now()),
+      received_(settings_.world_size, 0) {
   if (settings_.group_sizes.empty()) {
     participants_ = {settings_.group};
     local_size_ = settings_.world_size;
@@ -102,7 +104,7 @@ Status Job::join(const std::shared_ptr<JobMember>& member) {
                       " cannot join it (check TALLY_GROUP_SIZES)");
   }
   members_[rank] = member;
-  joined_.insert(rank);
+  if (joined_.insert(rank).second) not_above_released_ = -1;
   departed_.erase(rank);
   return Status::ok();
 }
@@ -185,7 +187,19 @@ void Job::fail_all_ops_locked(const Status& status, const std::vector<uint32_t>&
 }
 
 PayloadAction Job::on_contribution_header(const std::shared_ptr<JobMember>& member,
-                                          const FrameHeader& h, PendingContribution& pending) {
+                                          const FrameHeader& frame, PendingContribution& pending) {
+  // A replay is checked and filed as the contribution it stands for: the
+  // same chunk, whose result has the replay's length and flags.
+  const bool replay = frame.kind == FrameKind::kReplay;
+  FrameHeader h = frame;
+  if (replay) {
+    h.kind = FrameKind::kContribution;
+    if (frame.flags & kFrameFlagAccumulators) {  // 16-bit ops only (decode_header)
+      h.flags = kFrameFlagWideResult;
+      h.length =
+          frame.length / dtype_size(accumulator_dtype(frame.dtype)) * dtype_size(frame.dtype);
+    }
+  }
   std::unique_lock lock(mu_);
   if (auto failed = failed_ops_.find(h.op); failed != failed_ops_.end()) {
     // This member may have joined after the failure was announced.
@@ -194,6 +208,16 @@ PayloadAction Job::on_contribution_header(const std::shared_ptr<JobMember>& memb
   }
   if (lost_) {
     fail_op_locked(h.op, *lost_, lost_ranks_);
+    return PayloadAction::discard();
+  }
+  if (replay && participants_.size() > 1) {
+    // A replayed result would have to stand in for the butterfly's partials.
+    fail_op_locked(h.op,
+                   Status(ErrorCode::kUnimplemented,
+                          "rank " + std::to_string(h.rank) + " replayed a result of op " +
+                              std::to_string(h.op) +
+                              " after a reconnect, but a job with replica groups cannot resume"),
+                   {h.rank});
     return PayloadAction::discard();
   }
   if (!kernel_supports(h.dtype)) {
@@ -305,14 +329,25 @@ PayloadAction Job::on_contribution_header(const std::shared_ptr<JobMember>& memb
         ErrorCode::kProtocol, "rank " + std::to_string(h.rank) + " contributed twice to op " +
                                   std::to_string(h.op) + " chunk " + std::to_string(h.chunk)));
   }
+  if (!replay && chunk->replay_accepted()) {
+    // Another rank replayed the result: this payload is not needed, and
+    // takes no buffer.
+    Status why;
+    const Chunk::Progress progress =
+        chunk->skip(h.rank, member.get(), local_size_, butterfly_, why);
+    lock.unlock();
+    settle(chunk, progress, why);
+    return PayloadAction::discard();
+  }
   std::weak_ptr<JobMember> weak = member;
   auto slab = quota_->try_take([weak] {
     if (auto m = weak.lock()) m->wake();
   });
   if (!slab) return PayloadAction::pause();
-  pending.role = chunk->accept(h.rank, member.get(), slab);
+  pending.role = chunk->accept(h.rank, member.get(), slab, replay);
   pending.chunk = std::move(chunk);
   pending.slab = std::move(slab);
+  if (replay) return PayloadAction::receive(pending.slab->first(frame.length));
   // The accumulator of a 16-bit chunk takes its payload in its upper half
   // and widens it in place (kernels.h).
   const size_t at = pending.role == SlabRole::kAccumulator ? payload_offset(h.dtype, h.length) : 0;
@@ -359,9 +394,12 @@ void Job::finish(const std::shared_ptr<Chunk>& chunk) {
   }
   // No other thread touches a chunk after it left the map and all payloads are in.
   std::shared_ptr<Slab> result = chunk->take_result();
+  const bool replayed = chunk->replayed();
   FrameHeader out = chunk->meta();
   const size_t count = out.length / dtype_size(out.dtype);
-  if (out.redop == RedOp::kAverage) {
+  if (replayed) {
+    // A reducer's finished result, averaged and rounded already.
+  } else if (out.redop == RedOp::kAverage) {
     scale_average(out.dtype, result->data(), count * dtype_size(accumulator_dtype(out.dtype)),
                   settings_.world_size);
   }
@@ -370,7 +408,7 @@ void Job::finish(const std::shared_ptr<Chunk>& chunk) {
     out.flags = kFrameFlagAccumulators;
     out.length = count * dtype_size(accumulator_dtype(out.dtype));
   } else {
-    store_result(out.dtype, result->data(), count);
+    if (!replayed) store_result(out.dtype, result->data(), count);
     out.flags = 0;
   }
   out.kind = FrameKind::kResult;
@@ -382,6 +420,34 @@ void Job::finish(const std::shared_ptr<Chunk>& chunk) {
     counters_.op_seconds.Observe(std::chrono::duration<double>(Clock::now() - *op_began).count());
   }
   for (auto& m : members) m->send_result(out, result);
+}
+
+void Job::on_received(uint32_t rank, uint64_t op_below) {
+  std::shared_ptr<const wire::Control> message;
+  std::vector<std::shared_ptr<JobMember>> members;
+  {
+    std::lock_guard lock(mu_);
+    if (rank >= received_.size() || op_below <= received_[rank]) return;
+    const bool was_behind = received_[rank] <= released_;
+    received_[rank] = op_below;
+    // Only once every rank of the group has joined is the least mark known.
+    if (joined_.size() < local_size_) return;
+    if (not_above_released_ >= 0 && was_behind && op_below > released_) --not_above_released_;
+    if (not_above_released_ == 0 || not_above_released_ < 0) {
+      // Counted again only when the mark may move: O(group) per advance.
+      uint64_t least = std::numeric_limits<uint64_t>::max();
+      for (uint32_t r : joined_) least = std::min(least, received_[r]);
+      not_above_released_ = 0;
+      for (uint32_t r : joined_) not_above_released_ += received_[r] <= least;
+      if (least <= released_) return;
+      released_ = least;
+      auto control = std::make_shared<wire::Control>();
+      control->mutable_released()->set_op_below(least);
+      message = std::move(control);
+      members = members_locked();
+    }
+  }
+  for (auto& m : members) m->send_control(message);
 }
 
 std::string Job::history_of(const std::vector<uint32_t>& ranks) const {

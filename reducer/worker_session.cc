@@ -60,7 +60,7 @@ PayloadAction WorkerSession::on_data_header(const FrameHeader& h) {
     return PayloadAction::close(
         Status(ErrorCode::kProtocol, "data frame from " + peer_ + " before its hello"));
   }
-  if (h.kind != FrameKind::kContribution) {
+  if (h.kind != FrameKind::kContribution && h.kind != FrameKind::kReplay) {
     return PayloadAction::close(
         Status(ErrorCode::kProtocol, "unexpected " + describe(h) + " from worker " + peer_));
   }
@@ -95,6 +95,9 @@ void WorkerSession::on_data(const FrameHeader& h, std::span<std::byte>) {
 void WorkerSession::on_control(const wire::Control& message) {
   if (message.has_hello()) return on_hello(message.hello());
   if (message.has_auth_response()) return on_auth_response(message.auth_response());
+  if (message.has_received() && job_) {
+    return job_->on_received(rank_, message.received().op_below());
+  }
   if (message.has_goodbye()) {
     said_goodbye_ = true;
     goodbye_reason_ = utf8_prefix(message.goodbye().reason(), kMaxReasonBytes);
@@ -249,7 +252,8 @@ void WorkerSession::join(std::shared_ptr<const wire::Hello> hello, bool authenti
         auth_mac(o.job_secret, AuthRole::kReducer, worker_nonce_, reducer_nonce_, identity(h)));
   }
   conn_->send_control(welcome);
-  spdlog::info("rank {}/{} of job '{}' joined from {}", rank_, h.world_size(), job_->name(), peer_);
+  spdlog::info("rank {}/{} of job '{}' {} from {}", rank_, h.world_size(), job_->name(),
+               h.resume() ? "resumed" : "joined", peer_);
 }
 
 }  // namespace tally

@@ -113,13 +113,13 @@ void expect_rejected(const EncodedHeader& bytes, ErrorCode code,
 void expect_invariants(const FrameHeader& h, const FrameLimits& limits) {
   const auto kind = static_cast<uint8_t>(h.kind);
   ASSERT_GE(kind, 1);
-  ASSERT_LE(kind, 4);
+  ASSERT_LE(kind, 5);
   if (h.kind == FrameKind::kControl) {
     EXPECT_LE(h.length, kMaxControlBytes);
     EXPECT_EQ(h.chunks_on_shard, 0u);
     return;
   }
-  if (h.kind == FrameKind::kContribution) {
+  if (h.kind == FrameKind::kContribution || h.kind == FrameKind::kReplay) {
     EXPECT_GT(h.chunks_on_shard, 0u);
   }
   ASSERT_TRUE(is_known_dtype(static_cast<uint8_t>(h.dtype)));
@@ -241,8 +241,8 @@ TEST(FrameLayout, FieldsSitAtDocumentedOffsetsLittleEndian) {
   EXPECT_EQ(byte(2), 'L');
   EXPECT_EQ(byte(3), 'Y');
   EXPECT_EQ(get_le(b, 0, 4), 0x594C4154u);
-  // Version 2, little-endian.
-  EXPECT_EQ(byte(4), 0x02);
+  // Version 3, little-endian.
+  EXPECT_EQ(byte(4), 0x03);
   EXPECT_EQ(byte(5), 0x00);
   EXPECT_EQ(byte(6), 3);   // kind: result
   EXPECT_EQ(byte(7), 6);   // dtype: int64
@@ -327,7 +327,7 @@ TEST(FrameDecode, RejectsBadMagic) {
 }
 
 TEST(FrameDecode, RejectsOtherVersionsWithVersionMismatchNamingBoth) {
-  for (uint64_t version : {0ULL, 1ULL, 3ULL, 0x1234ULL, 0xFFFFULL, 0x0200ULL}) {
+  for (uint64_t version : {0ULL, 1ULL, 2ULL, 4ULL, 0x1234ULL, 0xFFFFULL, 0x0300ULL}) {
     SCOPED_TRACE("version " + std::to_string(version));
     EncodedHeader b = encode_header(valid_data_header());
     put_le(b, 4, 2, version);
@@ -351,7 +351,7 @@ TEST(FrameDecode, VersionMismatchWinsOverOtherwiseUnknownFields) {
 }
 
 TEST(FrameDecode, RejectsUnknownKind) {
-  for (uint64_t kind : {0ULL, 5ULL, 0x80ULL, 0xFFULL}) {
+  for (uint64_t kind : {0ULL, 6ULL, 0x80ULL, 0xFFULL}) {
     SCOPED_TRACE("kind " + std::to_string(kind));
     EncodedHeader b = encode_header(valid_data_header());
     put_le(b, 6, 1, kind);
@@ -489,6 +489,31 @@ TEST(FrameDecode, WideResultFlagAsksForFloat32ResultsOfSixteenBitContributions) 
   f32_result.kind = FrameKind::kResult;
   f32_result.flags = kFrameFlagAccumulators;
   expect_rejected(encode_header(f32_result), ErrorCode::kProtocol);
+}
+
+TEST(FrameDecode, ReplayCarriesAResultAsItCameWithItsShardsChunkCount) {
+  // A replay of a float32 result, and of a bfloat16 op's float32 results.
+  FrameHeader replay = valid_data_header(DType::kFloat32);
+  replay.kind = FrameKind::kReplay;
+  auto r = decode(encode_header(replay));
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_EQ(r->kind, FrameKind::kReplay);
+  FrameHeader wide = valid_data_header(DType::kBFloat16);
+  wide.kind = FrameKind::kReplay;
+  wide.flags = kFrameFlagAccumulators;
+  wide.length = 100 * 4;
+  ASSERT_TRUE(decode(encode_header(wide)).is_ok());
+  // Like a contribution, it names its shard's chunk count; it never asks
+  // for float32 results (it is one), and a float32 op has no accumulators.
+  FrameHeader no_count = replay;
+  no_count.chunks_on_shard = 0;
+  expect_rejected(encode_header(no_count), ErrorCode::kProtocol);
+  FrameHeader asks = wide;
+  asks.flags = kFrameFlagWideResult | kFrameFlagAccumulators;
+  expect_rejected(encode_header(asks), ErrorCode::kProtocol);
+  FrameHeader f32 = replay;
+  f32.flags = kFrameFlagAccumulators;
+  expect_rejected(encode_header(f32), ErrorCode::kProtocol);
 }
 
 // A peer's string shortened for an error message stays valid UTF-8 (a

@@ -91,6 +91,14 @@ struct ClientOptions {
   // TCP congestion control of the streams to the reducers (TCP_CONGESTION,
   // e.g. "cubic"); empty: the system's default. TALLY_TCP_CONGESTION.
   std::string tcp_congestion;
+  // Surviving a reducer restart (docs/protocol.md, "Resuming"): a worker
+  // whose stream to a reducer is lost reconnects for up to op_timeout and
+  // sends the chunks of its ops in flight again; to do so it keeps a copy
+  // of the results of finished ops until every rank has them, up to this
+  // many bytes (past it, ops go uncopied, and a restart then fails them).
+  // 0: no resuming; a lost reducer fails every op in flight at once.
+  // Pools with replica groups do not resume. TALLY_RESUME_BYTES.
+  uint64_t resume_bytes = uint64_t{256} << 20;
 };
 
 // Reads TALLY_POOL (comma-separated), TALLY_JOB, TALLY_RANK,
@@ -99,8 +107,8 @@ struct ClientOptions {
 // TALLY_CONNECT_TIMEOUT_MS, TALLY_HEARTBEAT_MS, TALLY_PEER_TIMEOUT_MS,
 // TALLY_TRANSPORT, TALLY_FABRIC_PROVIDER (else FI_PROVIDER),
 // TALLY_FABRIC_FORCE_REGISTRATION, TALLY_FABRIC_MAX_MSG_BYTES,
-// TALLY_WIRE_DTYPE, TALLY_WIRE_RESULT, TALLY_SECRET, TALLY_SECRET_FILE
-// (docs/configuration.md). Errors: kInvalidArgument naming the variable.
+// TALLY_WIRE_DTYPE, TALLY_WIRE_RESULT, TALLY_SECRET, TALLY_SECRET_FILE,
+// TALLY_RESUME_BYTES (docs/configuration.md). Errors: kInvalidArgument naming the variable.
 Result<ClientOptions> client_options_from_env();
 // Checks the options; the same checks connect() applies.
 Status validate(const ClientOptions& options);

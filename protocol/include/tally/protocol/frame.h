@@ -36,7 +36,7 @@
 namespace tally {
 
 inline constexpr uint32_t kFrameMagic = 0x594C4154;  // "TALY" in memory order
-inline constexpr uint16_t kProtocolVersion = 2;
+inline constexpr uint16_t kProtocolVersion = 3;
 inline constexpr size_t kFrameHeaderBytes = 64;
 // Control messages are small (hello, errors); anything larger is hostile.
 inline constexpr size_t kMaxControlBytes = 64 * 1024;
@@ -61,6 +61,12 @@ enum class FrameKind : uint8_t {
   kContribution = 2,  // worker -> reducer: one chunk of the worker's input
   kResult = 3,        // reducer -> worker: one chunk of the finished sum
   kPartial = 4,       // reducer -> reducer: a segment of a chunk's partial sum (butterfly)
+  // worker -> reducer, after a reconnect (protocol.md, "Resuming"): the
+  // result of a chunk this worker already has, exactly as a reducer sent it
+  // (flags: kFrameFlagAccumulators for float32 results of a 16-bit op).
+  // It counts as the rank's share of the chunk, and whichever ranks still
+  // need the chunk's result get these bytes.
+  kReplay = 5,
 };
 
 struct FrameHeader {

@@ -55,8 +55,9 @@ struct ButterflyContext {
 };
 
 // What a contribution's slab is to its chunk: the accumulator (the first
-// rank's payload lands there) or a staging slab added into it.
-enum class SlabRole { kStaging, kAccumulator };
+// rank's payload lands there), a staging slab added into it, or a replayed
+// result (kReplay frames, protocol.md "Resuming").
+enum class SlabRole { kStaging, kAccumulator, kReplay };
 
 // "count=N float32 sum chunk@OFFSET+LENGTH", for mismatch messages.
 std::string chunk_shape(const FrameHeader& header);
@@ -79,8 +80,16 @@ class Chunk : public std::enable_shared_from_this<Chunk> {
   // Whether `rank`'s header has been accepted.
   bool seen(uint32_t rank) const;
   // Accepts `rank`'s header; its payload goes to `slab`, whose role this
-  // returns. `member` is compared, never dereferenced.
-  SlabRole accept(uint32_t rank, const JobMember* member, std::shared_ptr<Slab> slab);
+  // returns (kReplay for a replayed result, `replay`). `member` is
+  // compared, never dereferenced.
+  SlabRole accept(uint32_t rank, const JobMember* member, std::shared_ptr<Slab> slab,
+                  bool replay = false);
+  // Whether a rank's replay has been accepted: the chunk's result is then
+  // known, and contributions are counted without their payload (skip).
+  bool replay_accepted() const;
+  // Counts `rank` as contributed without its payload (after a replay).
+  Progress skip(uint32_t rank, const JobMember* member, uint32_t local_size,
+                const ButterflyContext& context, Status& why);
   // The payload accepted into `slab` has arrived. kDone when the chunk is
   // finished, kFailed with `why`.
   Progress add(SlabRole role, std::shared_ptr<Slab> slab, uint32_t local_size,
@@ -111,12 +120,17 @@ class Chunk : public std::enable_shared_from_this<Chunk> {
   };
   Waiting waiting(const std::vector<uint32_t>& participants) const;
 
-  // After kDone, once the chunk has left its job: the summed buffer, and
-  // whether `member` contributed `rank` to it.
+  // After kDone, once the chunk has left its job: the summed buffer (or the
+  // replayed result, which is final as it is), and whether `member`
+  // contributed `rank` to it (a replay counts).
   std::shared_ptr<Slab> take_result();
+  bool replayed() const;
   bool contributed(uint32_t rank, const JobMember* member) const;
 
  private:
+  // kDone once every rank of the group is in (or the butterfly's next
+  // state); mu_ held.
+  Progress completed_locked(uint32_t local_size, const ButterflyContext& context, Status& why);
   // Runs the butterfly as far as it can go; mu_ held.
   Progress advance_locked(const ButterflyContext& context, Status& why);
   Status place_locked(uint32_t from_group, const FrameHeader& header, std::shared_ptr<Slab> slab,
@@ -131,6 +145,11 @@ class Chunk : public std::enable_shared_from_this<Chunk> {
   std::shared_ptr<Slab> accumulator_;
   bool accumulator_ready_ = false;
   std::vector<std::shared_ptr<Slab>> pending_;
+  // The first replayed result: every replay of a chunk holds the same bytes
+  // (the one sum a reducer computed before it was lost), so it is the
+  // result, whatever the contributions add up to here.
+  std::shared_ptr<Slab> replay_;
+  bool replay_accepted_ = false;
   std::vector<bool> seen_;  // by rank: header accepted
   // By rank: the stream that contributed, so a rank that rejoined on a new
   // stream is not sent a sum it had no part in.

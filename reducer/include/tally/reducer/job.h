@@ -192,6 +192,10 @@ class Job : public std::enable_shared_from_this<Job> {
                                        const FrameHeader& header, PendingContribution& pending);
   // The payload named by `pending` has arrived.
   void on_contribution_payload(const FrameHeader& header, PendingContribution& pending);
+  // `rank` has every result of the ops below `op_below` (a Received); when
+  // the least mark over the group's ranks advances, every member is told
+  // (Released) that no one will need those ops replayed.
+  void on_received(uint32_t rank, uint64_t op_below);
   // A partial from the replica of `from_group`: where its payload goes.
   // kPause after registering `wake` with the quota.
   PayloadAction on_partial_header(uint32_t from_group, const FrameHeader& header,
@@ -290,6 +294,11 @@ class Job : public std::enable_shared_from_this<Job> {
     uint64_t finished = 0;
   };
   std::map<uint64_t, OpProgress> op_progress_;
+  // Received marks by rank, the least of them last told to the members,
+  // and how many of this group's ranks are not above it (-1: to count).
+  std::vector<uint64_t> received_;
+  uint64_t released_ = 0;
+  int64_t not_above_released_ = -1;
 };
 
 }  // namespace tally
