@@ -59,7 +59,7 @@ void Client::Impl::pump(ShardLink& link) {
   // (its ingress budget); one chunk may always be in flight, so a piece
   // larger than the byte window still moves. A replay is answered like a
   // contribution, so it takes its place in both.
-  while (link.inflight < link.window && !link.queue.empty() && !link.closed()) {
+  while (link.inflight < link.window && !link.queue.empty() && !link.closed() && !link.resyncing) {
     const auto [op, index, replay] = link.queue.front();
     const ChunkExtent e = op->plan->chunk(index);
     std::span<std::byte> payload =
@@ -157,7 +157,7 @@ void Client::Impl::start_op(const std::shared_ptr<Op>& op) {
   for (uint64_t k = 0; k < op->plan->chunk_count(); ++k) {
     const ChunkExtent e = op->plan->chunk(k);
     ShardLink& link = *links[e.shard];
-    if (link.closed()) continue;  // being reopened: on_link_resumed sends it
+    if (link.closed() || link.resyncing) continue;  // being reopened: resend() sends it
     link.conn()->post_receive({FrameKind::kResult, op->id, e.index}, result_span(*op, e));
     link.queue.push_back({op, e.index, false});
   }
@@ -244,8 +244,10 @@ void Client::Impl::keep(const std::shared_ptr<Op>& kept_op) {
 }
 
 void Client::Impl::trim_kept() {
-  uint64_t below = std::numeric_limits<uint64_t>::max();
-  for (auto& link : links) below = std::min(below, link->released_below);
+  // A Released from any reducer says every rank has every result of the
+  // ops below it (Received counts all of a rank's results, on every shard).
+  uint64_t below = 0;
+  for (auto& link : links) below = std::max(below, link->released_below);
   for (auto it = kept.begin(); it != kept.end() && it->first < below;) {
     Op& op = *it->second;
     const bool busy =
@@ -271,6 +273,10 @@ void Client::Impl::on_released(uint32_t shard, uint64_t op_below) {
   ShardLink& link = *links[shard];
   link.released_below = std::max(link.released_below, op_below);
   trim_kept();
+  if (link.resyncing) {
+    link.resyncing = false;
+    resend(shard, op_below);
+  }
 }
 
 void Client::Impl::on_link_lost(uint32_t shard) {
@@ -280,6 +286,7 @@ void Client::Impl::on_link_lost(uint32_t shard) {
   link.inflight = 0;
   link.inflight_bytes = 0;
   link.queue.clear();
+  link.resyncing = false;
   auto forget = [&](Op& op) {
     if (!op.plan || op.unanswered.empty()) return;
     op.receiving_on[shard] = 0;
@@ -299,8 +306,21 @@ void Client::Impl::on_link_lost(uint32_t shard) {
 
 void Client::Impl::on_link_resumed(uint32_t shard) {
   ShardLink& link = *links[shard];
+  // Nothing goes until the reducer has every rank's mark (its first
+  // Released): the chunks of ops below it are needed by no one, and a
+  // replay of one would hold a window slot and a reducer buffer for
+  // nothing until the reducer's op timeout.
+  link.resyncing = true;
+  link.send_received(received_sent);
+}
+
+void Client::Impl::resend(uint32_t shard, uint64_t op_below) {
+  ShardLink& link = *links[shard];
   // In (op, chunk) order, as the reducer requires of a stream.
-  std::map<uint64_t, std::shared_ptr<Op>> again(kept.begin(), kept.end());
+  std::map<uint64_t, std::shared_ptr<Op>> again;
+  for (auto& [id, op] : kept) {
+    if (id >= op_below) again.emplace(id, op);
+  }
   for (auto& [id, op] : ops) {
     if (!op->failed && op->plan) again.emplace(id, op);
   }
@@ -315,7 +335,6 @@ void Client::Impl::on_link_resumed(uint32_t shard) {
       link.queue.push_back({op, static_cast<uint32_t>(k), have});
     }
   }
-  if (received_sent > 0) link.send_received(received_sent);
   pump(link);
 }
 

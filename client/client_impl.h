@@ -130,10 +130,13 @@ struct Client::Impl {
   // The stream to `shard` was lost and is being reopened: nothing in flight
   // on it will be answered, so its window and receives start again.
   void on_link_lost(uint32_t shard);
-  // It is open again: every chunk of the ops in flight and the kept ops on
-  // this shard goes again, as a contribution or, where this worker has the
-  // result, as a replay.
+  // It is open again: this worker says its Received mark and waits for the
+  // reducer's first Released (every rank's mark), then resend()s.
   void on_link_resumed(uint32_t shard);
+  // Every chunk on `shard` of the ops in flight and of the kept ops from
+  // `op_below` on goes again, as a contribution or, where this worker has
+  // the result, as a replay.
+  void resend(uint32_t shard, uint64_t op_below);
   void on_released(uint32_t shard, uint64_t op_below);
   // Tells the reducers how far this worker has every result (Received).
   void note_received();

@@ -21,6 +21,10 @@ using std::chrono::milliseconds;
 // Pauses between attempts to reopen a lost stream: doubling up to the last.
 constexpr milliseconds kResumeBackoffFirst{100};
 constexpr milliseconds kResumeBackoffMost{1000};
+// The longest one attempt to reopen a stream may take to connect: a link
+// that drops packets (rather than refusing) must not hold the attempt until
+// the resume deadline, when it may be back in a second.
+constexpr milliseconds kResumeAttempt{2000};
 
 void ShardLink::connect(Clock::time_point deadline) {
   if (closing_) return settle(Status(ErrorCode::kCancelled, "client closed while connecting"));
@@ -33,7 +37,8 @@ void ShardLink::connect(Clock::time_point deadline) {
                                         std::to_string(client_.options.connect_timeout.count()) +
                                         " ms" + (last_error_.empty() ? "" : ": " + last_error_)));
   }
-  async_tcp_connect(client_.io, address_, left,
+  async_tcp_connect(client_.io, address_,
+                    phase_ == Phase::kResuming ? std::min(left, kResumeAttempt) : left,
                     [self = shared_from_this(), deadline](Result<asio::ip::tcp::socket> r) {
                       self->on_connected(std::move(r), deadline);
                     });

@@ -73,6 +73,9 @@ class ShardLink final : public FrameHandler, public std::enable_shared_from_this
   std::deque<Queued> queue;
   // The reducer's Released mark.
   uint64_t released_below = 0;
+  // Reopened, and waiting for the reducer's first Released before it sends
+  // anything (Client::Impl::on_link_resumed).
+  bool resyncing = false;
 
  private:
   void on_connected(Result<boost::asio::ip::tcp::socket> r,

@@ -58,7 +58,8 @@ Job::Job(JobSettings settings, std::shared_ptr<SlabQuota> quota, ReducerCounters
                  }},
       members_(settings_.world_size),
       memberless_since_(Clock::now()),
-      received_(settings_.world_size, 0) {
+      received_(settings_.world_size, 0),
+      reported_(settings_.world_size, false) {
   if (settings_.group_sizes.empty()) {
     participants_ = {settings_.group};
     local_size_ = settings_.world_size;
@@ -106,6 +107,12 @@ Status Job::join(const std::shared_ptr<JobMember>& member) {
   members_[rank] = member;
   if (joined_.insert(rank).second) not_above_released_ = -1;
   departed_.erase(rank);
+  if (marks_known_) {
+    // After its Welcome (posted behind it): where the job's marks stand.
+    auto released = std::make_shared<wire::Control>();
+    released->mutable_released()->set_op_below(released_);
+    member->send_control(std::move(released));
+  }
   return Status::ok();
 }
 
@@ -427,25 +434,39 @@ void Job::on_received(uint32_t rank, uint64_t op_below) {
   std::vector<std::shared_ptr<JobMember>> members;
   {
     std::lock_guard lock(mu_);
-    if (rank >= received_.size() || op_below <= received_[rank]) return;
-    const bool was_behind = received_[rank] <= released_;
-    received_[rank] = op_below;
-    // Only once every rank of the group has joined is the least mark known.
-    if (joined_.size() < local_size_) return;
-    if (not_above_released_ >= 0 && was_behind && op_below > released_) --not_above_released_;
-    if (not_above_released_ == 0 || not_above_released_ < 0) {
-      // Counted again only when the mark may move: O(group) per advance.
-      uint64_t least = std::numeric_limits<uint64_t>::max();
-      for (uint32_t r : joined_) least = std::min(least, received_[r]);
-      not_above_released_ = 0;
-      for (uint32_t r : joined_) not_above_released_ += received_[r] <= least;
-      if (least <= released_) return;
-      released_ = least;
-      auto control = std::make_shared<wire::Control>();
-      control->mutable_released()->set_op_below(least);
-      message = std::move(control);
-      members = members_locked();
+    if (rank >= received_.size()) return;
+    const bool first = !reported_[rank];
+    if (first) {
+      reported_[rank] = true;
+      ++reported_count_;
     }
+    const uint64_t before = received_[rank];
+    if (op_below <= before && !first) return;
+    received_[rank] = std::max(before, op_below);
+    // The least mark is known once every rank of the group has joined and
+    // said its mark; the first time, every member is told it even if it is
+    // 0: a worker that resumed sends nothing before it knows which of its
+    // kept results someone still needs (docs/protocol.md, "Resuming").
+    if (joined_.size() < local_size_ || reported_count_ < local_size_) return;
+    const bool announce = !marks_known_;
+    marks_known_ = true;
+    if (announce) {
+      not_above_released_ = -1;
+    } else if (not_above_released_ > 0 && before <= released_ && received_[rank] > released_) {
+      --not_above_released_;
+    }
+    if (not_above_released_ > 0) return;
+    // Counted again only when the mark may move: O(group) per advance.
+    uint64_t least = std::numeric_limits<uint64_t>::max();
+    for (uint32_t r : joined_) least = std::min(least, received_[r]);
+    not_above_released_ = 0;
+    for (uint32_t r : joined_) not_above_released_ += received_[r] <= least;
+    if (least <= released_ && !announce) return;
+    released_ = std::max(released_, least);
+    auto control = std::make_shared<wire::Control>();
+    control->mutable_released()->set_op_below(released_);
+    message = std::move(control);
+    members = members_locked();
   }
   for (auto& m : members) m->send_control(message);
 }

@@ -348,7 +348,10 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
   }
 
   void write_next() {
-    if (closed_ || queue_.empty()) return;
+    // A send's completion callback may send again (a client ending an op
+    // tells the reducers so at once): that starts the next write, and the
+    // one on_write would start must not be a second write of the same frame.
+    if (closed_ || writing_ || queue_.empty()) return;
     writing_ = true;
     write_started_ = Clock::now();
     Outgoing& out = queue_.front();

@@ -175,6 +175,12 @@ std::vector<std::pair<std::string, wire::Control>> every_message() {
   out.emplace_back("replica_job", replica_job("job"));
   out.emplace_back("replica_error_op", replica_error("job", false));
   out.emplace_back("replica_error_left", replica_error("job", true));
+  m.Clear();
+  m.mutable_received()->set_op_below(7);
+  out.emplace_back("received", m);
+  m.Clear();
+  m.mutable_released()->set_op_below(5);
+  out.emplace_back("released", m);
   return out;
 }
 
@@ -210,6 +216,10 @@ int main(int argc, char** argv) {
   h.flags = kFrameFlagAccumulators;
   h.length = 32 * 4;  // float32 accumulators of 32 bfloat16 elements
   write(fr, "partial_bf16_accumulators", frame(h, payload(h.length)));
+  h = data_header(FrameKind::kReplay, "job", 1, 3, 0, 1, DType::kBFloat16, 64, 0, 32);
+  h.flags = kFrameFlagAccumulators;  // float32 results of a bfloat16 op
+  h.length = 32 * 4;
+  write(fr, "replay_bf16_float32_results", frame(h, payload(h.length)));
   std::string v1 = control(goodbye("x"));
   v1[4] = 1;  // protocol version 1
   write(fr, "version_1", v1);
@@ -232,6 +242,18 @@ int main(int argc, char** argv) {
                     contribution("fuzz-1", 1, 0, 1, DType::kFloat64, 4, 0, 4, RedOp::kAverage)));
   write(ws, "world2_waits",
         live(2, contribution("fuzz-2", 0, 0, 1, DType::kFloat16, 8, 0, 8) + bye));
+  // After a reconnect: a replayed result, a contribution to the same chunk
+  // from a rank that has none (world 1: the replay alone completes it),
+  // then the marks.
+  FrameHeader replay =
+      data_header(FrameKind::kReplay, "fuzz-1", 0, 4, 0, 1, DType::kFloat32, 16, 0, 16);
+  wire::Control mark;
+  mark.mutable_received()->set_op_below(5);
+  write(ws, "world1_replay_then_received",
+        live(1, frame(replay, payload(replay.length)) + control(mark) +
+                    contribution("fuzz-1", 5, 0, 1, DType::kFloat32, 16, 0, 16) + bye));
+  replay.job = job_id("fuzz-2");
+  write(ws, "world2_replay_waits", live(2, frame(replay, payload(replay.length)) + bye));
   write(ws, "auth_contribution",
         live(3, contribution("fuzz-1", 0, 0, 1, DType::kFloat32, 16, 0, 16) + bye));
   write(ws, "auth_error_then_goodbye", live(3, control(error(ErrorCode::kCancelled, false)) + bye));

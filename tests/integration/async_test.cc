@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "clients.h"
 #include "harness.h"
 #include "tally/bench/pattern.h"
 #include "tally/client/client.h"
@@ -21,47 +22,6 @@ namespace tally::testing {
 namespace {
 
 using std::chrono::milliseconds;
-
-ClientOptions options_for(const TestCluster& cluster, const std::string& job, uint32_t rank,
-                          uint32_t world) {
-  ClientOptions o;
-  o.pool = cluster.addresses();
-  o.job = job;
-  o.rank = rank;
-  o.world_size = world;
-  o.chunk_bytes = 1024;  // 256 floats: small tensors make many chunks
-  o.op_timeout = milliseconds(10000);
-  return o;
-}
-
-// Connects `world` clients concurrently (each connect waits for the job);
-// `tweak`, if given, changes rank r's options first.
-std::vector<std::unique_ptr<Client>> connect_all(
-    const TestCluster& cluster, const std::string& job, uint32_t world,
-    const std::function<void(ClientOptions&, uint32_t)>& tweak = {}) {
-  std::vector<std::future<Result<std::unique_ptr<Client>>>> pending;
-  for (uint32_t r = 0; r < world; ++r) {
-    pending.push_back(std::async(std::launch::async, [&, r] {
-      ClientOptions o = options_for(cluster, job, r, world);
-      if (tweak) tweak(o, r);
-      return Client::connect(o);
-    }));
-  }
-  std::vector<std::unique_ptr<Client>> clients;
-  for (auto& p : pending) {
-    auto c = p.get();
-    EXPECT_TRUE(c.is_ok()) << c.status().to_string();
-    if (c) clients.push_back(std::move(*c));
-  }
-  return clients;
-}
-
-// Runs fn(rank) on one thread per rank and joins them.
-void on_every_rank(uint32_t world, const std::function<void(uint32_t)>& fn) {
-  std::vector<std::thread> threads;
-  for (uint32_t r = 0; r < world; ++r) threads.emplace_back(fn, r);
-  for (auto& t : threads) t.join();
-}
 
 TEST(Async, ManyOpsInFlightEachWithItsCallback) {
   TestCluster cluster(PoolSpec{.shards = 2});
@@ -183,10 +143,13 @@ TEST(Async, OpsInFlightEndCancelledWhenTheClientIsDestroyed) {
   EXPECT_EQ(failed.load(), 1);
 }
 
+// Without resuming (TALLY_RESUME_BYTES=0), a lost reducer fails every op
+// in flight at once. (With it, the worker reconnects: resume_test.cc.)
 TEST(Async, KilledReducerFailsEveryOpInFlight) {
   TestCluster cluster(PoolSpec{.shards = 2});
   ASSERT_TRUE(cluster.ok()) << cluster.error();
-  auto clients = connect_all(cluster, "async-killed", 2);
+  auto clients = connect_all(cluster, "async-killed", 2,
+                             [](ClientOptions& o, uint32_t) { o.resume_bytes = 0; });
   ASSERT_EQ(clients.size(), 2u);
   std::vector<std::vector<float>> data(4, std::vector<float>(3000, 1.0f));
   std::vector<OpHandle> handles;

@@ -85,6 +85,8 @@ TEST_P(TransportFault, KilledReducerFailsEveryWorker) {
     EXPECT_EQ(out.exit_code, 3) << out.out;
     EXPECT_TRUE(contains(out.out, "lost reducer " + cluster.addresses()[1])) << out.out;
     EXPECT_TRUE(contains(out.out, "shard 1")) << out.out;
+    // The workers tried to reconnect for the op timeout (it never came back).
+    EXPECT_TRUE(contains(out.out, "did not come back within 4000 ms")) << out.out;
     EXPECT_LT(took, 2 * op_timeout) << out.out;
   }
   // The surviving shard is still up.
@@ -304,12 +306,16 @@ TEST(Fault, HungReducerTakesTheReconnectingJobAtOnce) {
   const std::string job = unique_job("hung");
   const std::map<std::string, std::string> quick{{"TALLY_HEARTBEAT_MS", "100"},
                                                  {"TALLY_PEER_TIMEOUT_MS", "1000"}};
+  // These give up on the hung reducer at once (they do not reconnect to it,
+  // as resume_test.cc's do) and a new round of the job takes over.
+  std::map<std::string, std::string> giving_up = quick;
+  giving_up["TALLY_RESUME_BYTES"] = "0";
   WorkerGroup first(
       cluster, "a", job, 2,
       [](uint32_t) {
         return Args{"--count", "1009", "--ops", "1000000"};
       },
-      quick);
+      giving_up);
   ASSERT_TRUE(eventually([&] { return contains(first.stdout_of(1), "op 5 ok"); }, 30s))
       << first.stdout_of(1);
   cluster.reducer(0).signal(SIGSTOP);

@@ -79,7 +79,13 @@ TestCluster::~TestCluster() {
 }
 
 std::string TestCluster::reducer_log(uint32_t shard) const {
-  return read_file(dir_.path() + "/reducer-" + std::to_string(shard) + ".log");
+  // The first incarnation's log, then each restart's (LocalPool::restart).
+  const std::string first = dir_.path() + "/reducer-" + std::to_string(shard) + ".log";
+  std::string log = read_file(first);
+  for (int n = 1; access((first + "." + std::to_string(n)).c_str(), F_OK) == 0; ++n) {
+    log += read_file(first + "." + std::to_string(n));
+  }
+  return log;
 }
 
 std::map<std::string, std::string> TestCluster::worker_env(const std::string& job, uint32_t rank,

@@ -80,6 +80,7 @@ class TestCluster {
     killed_.erase(index);
     return pool_->restart(index);
   }
+  // Reducer `index`'s log: every incarnation's, in order.
   std::string reducer_log(uint32_t index) const;
   uint32_t groups() const { return groups_; }
   const std::string& dir() const { return dir_.path(); }

@@ -65,10 +65,10 @@ TEST(BenchLoad, JobsRunForTheirTimeWithEveryOpCheckedAndReducerResourcesReported
   EXPECT_NE(run.out.find("open fds"), std::string::npos) << run.out;
 }
 
-// A reducer is SIGKILLed and restarted at its address every second: the ops
-// in flight fail with the lost reducer named, the jobs start again, and no
-// op anywhere has a wrong result.
-TEST(BenchChaos, KilledReducersFailOpsCleanlyAndNoResultIsWrong) {
+// A reducer is SIGKILLed and restarted at its address every second: the
+// workers resume (docs/protocol.md, "Resuming"), so every op completes,
+// none is split between ranks, and none has a wrong result.
+TEST(BenchChaos, KilledReducersAreResumedAndNoResultIsWrong) {
   TempDir tmp;
   ASSERT_TRUE(tmp.ok());
   const BenchRun run =
@@ -79,9 +79,10 @@ TEST(BenchChaos, KilledReducersFailOpsCleanlyAndNoResultIsWrong) {
   ASSERT_TRUE(row.found) << run.out;
   EXPECT_GE(kills(run.out), 3u) << run.out;
   EXPECT_GT(row.completed, 0u) << run.out;
-  EXPECT_GT(row.failed + row.split, 0u) << run.out;
+  EXPECT_EQ(row.failed, 0u) << run.out;
+  EXPECT_EQ(row.split, 0u) << run.out;
   EXPECT_EQ(row.wrong, 0u) << run.out;
-  EXPECT_NE(run.out.find("peer_lost: lost reducer 127.0.0.1:"), std::string::npos) << run.out;
+  EXPECT_NE(run.out.find("rounds 1 "), std::string::npos) << run.out;  // never started again
   EXPECT_NE(run.out.find("restarted"), std::string::npos) << run.out;
 }
 

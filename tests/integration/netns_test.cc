@@ -87,17 +87,18 @@ class OffLoopback : public ::testing::TestWithParam<std::string> {
 
   // Starts rank `rank` of `job` in namespace b, against the reducer at `pool`.
   Child& spawn_worker(const std::string& name, const std::string& pool, const std::string& job,
-                      uint32_t rank, uint32_t world, const Args& args) {
-    const Env env = {{"TALLY_POOL", pool},
-                     {"TALLY_JOB", job},
-                     {"TALLY_RANK", std::to_string(rank)},
-                     {"TALLY_WORLD_SIZE", std::to_string(world)},
-                     {"TALLY_CHUNK_BYTES", "1024"},
-                     {"TALLY_OP_TIMEOUT_MS", "20000"},
-                     {"TALLY_CONNECT_TIMEOUT_MS", "10000"},
-                     {"TALLY_HEARTBEAT_MS", std::to_string(kHeartbeat.count())},
-                     {"TALLY_PEER_TIMEOUT_MS", std::to_string(kPeerTimeout.count())},
-                     {"TALLY_TRANSPORT", GetParam()}};
+                      uint32_t rank, uint32_t world, const Args& args, const Env& extra = {}) {
+    Env env = {{"TALLY_POOL", pool},
+               {"TALLY_JOB", job},
+               {"TALLY_RANK", std::to_string(rank)},
+               {"TALLY_WORLD_SIZE", std::to_string(world)},
+               {"TALLY_CHUNK_BYTES", "1024"},
+               {"TALLY_OP_TIMEOUT_MS", "20000"},
+               {"TALLY_CONNECT_TIMEOUT_MS", "10000"},
+               {"TALLY_HEARTBEAT_MS", std::to_string(kHeartbeat.count())},
+               {"TALLY_PEER_TIMEOUT_MS", std::to_string(kPeerTimeout.count())},
+               {"TALLY_TRANSPORT", GetParam()}};
+    for (auto& [name, value] : extra) env[name] = value;
     workers_.push_back(
         std::make_unique<Child>(net_->spawn_in(ns_b_, name, TALLY_TEST_WORKER_PATH, args, env)));
     return *workers_.back();
@@ -151,9 +152,10 @@ TEST_P(OffLoopback, ExactSumsAcrossAVethPair) {
 }
 
 // The link goes dead under a running job (no FIN, no RST: packets vanish).
-// Every worker fails naming the reducer once the peer timeout passes, the
-// reducer drops the workers' streams and stays up, and once the link is back
-// it serves a new job and still shuts down cleanly.
+// Workers that do not resume (TALLY_RESUME_BYTES=0) fail naming the reducer
+// once the peer timeout passes, the reducer drops the workers' streams and
+// stays up, and once the link is back it serves a new job and still shuts
+// down cleanly.
 TEST_P(OffLoopback, CutLinkFailsEveryWorkerNamingTheReducer) {
   const std::string pool = start_reducer();
   ASSERT_FALSE(pool.empty());
@@ -162,7 +164,8 @@ TEST_P(OffLoopback, CutLinkFailsEveryWorkerNamingTheReducer) {
   std::vector<Child*> ranks;
   for (uint32_t r = 0; r < kWorld; ++r) {
     ranks.push_back(&spawn_worker("cut" + std::to_string(r), pool, job, r, kWorld,
-                                  {"--count", "9477", "--ops", "200000"}));
+                                  {"--count", "9477", "--ops", "200000"},
+                                  {{"TALLY_RESUME_BYTES", "0"}}));
   }
   ASSERT_TRUE(eventually(
       [&] {
@@ -192,6 +195,45 @@ TEST_P(OffLoopback, CutLinkFailsEveryWorkerNamingTheReducer) {
   Command restore = net_->set_link_b(true);
   ASSERT_TRUE(restore.ok()) << restore.output;
   expect_job_works(pool, "after-cut", 2);
+  expect_clean_stop();
+}
+
+// The same cut, with workers that resume (the default): they reconnect
+// while the link is dead, and once it is back (within their op timeout) the
+// job goes on where it stopped and every op completes exactly.
+TEST_P(OffLoopback, CutLinkRestoredWithinTheOpTimeoutIsResumed) {
+  const std::string pool = start_reducer();
+  ASSERT_FALSE(pool.empty());
+  const std::string job = unique_job("cut-resume");
+  constexpr uint32_t kWorld = 2;
+  std::vector<Child*> ranks;
+  for (uint32_t r = 0; r < kWorld; ++r) {
+    ranks.push_back(&spawn_worker("cutr" + std::to_string(r), pool, job, r, kWorld,
+                                  {"--count", "9477", "--ops", "60"}));
+  }
+  ASSERT_TRUE(eventually(
+      [&] {
+        return contains(ranks[0]->out(), "op 10 ok") && contains(ranks[1]->out(), "op 10 ok");
+      },
+      30s))
+      << ranks[0]->out() << ranks[0]->err() << reducer_log();
+  Command cut = net_->set_link_b(false);
+  ASSERT_TRUE(cut.ok()) << cut.output;
+  ASSERT_TRUE(eventually(
+      [&] {
+        return contains(ranks[0]->out(), "reconnecting") &&
+               contains(ranks[1]->out(), "reconnecting");
+      },
+      3 * kPeerTimeout + 5s))
+      << ranks[0]->out() << ranks[1]->out();
+  Command restore = net_->set_link_b(true);
+  ASSERT_TRUE(restore.ok()) << restore.output;
+  for (uint32_t r = 0; r < kWorld; ++r) {
+    std::string out;
+    EXPECT_EQ(ranks[r]->wait(60s, &out), std::optional<int>(0)) << out;
+    EXPECT_TRUE(contains(out, "op 59 ok")) << out;
+  }
+  EXPECT_TRUE(contains(reducer_log(), "resumed")) << reducer_log();
   expect_clean_stop();
 }
 

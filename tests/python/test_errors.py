@@ -77,8 +77,9 @@ def test_unusable_buffers_are_refused_before_sending(pool):
 
 
 def test_killed_reducer_raises_peer_lost_naming_it():
+    # Without resuming (resume_bytes=0) a lost reducer fails the op at once.
     with tally.pool.LocalPool(shards=2, args=REDUCER_ARGS) as p:
-        a, b = connect(p.address, new_job("killed"), 2, op_timeout_ms=5000)
+        a, b = connect(p.address, new_job("killed"), 2, op_timeout_ms=5000, resume_bytes=0)
         on_every_rank([a, b], lambda rank, c: c.allreduce(torch.ones(1000)))
         h = a.allreduce_async(torch.ones(5000))  # rank 1 never contributes
         p.kill(1)
@@ -92,5 +93,23 @@ def test_killed_reducer_raises_peer_lost_naming_it():
         # first and fail there as a mismatch, before rank 1 sees the loss.
         with pytest.raises(tally.PeerLostError):
             b.allreduce(torch.ones(5000))
+        a.close()
+        b.close()
+
+
+def test_restarted_reducer_is_resumed_and_the_op_completes():
+    # With resuming (the default) the workers reconnect to the reducer that
+    # comes back at its address, and the op in flight completes exactly.
+    with tally.pool.LocalPool(shards=2, args=REDUCER_ARGS) as p:
+        a, b = connect(p.address, new_job("restarted"), 2, op_timeout_ms=10000)
+        x = torch.arange(5000, dtype=torch.float32)
+        h = a.allreduce_async(x)  # rank 1 has not contributed yet
+        p.restart(1)
+        y = torch.arange(5000, dtype=torch.float32)
+        b.allreduce(y)
+        h.wait(timeout=30)
+        torch.testing.assert_close(x, 2 * torch.arange(5000, dtype=torch.float32))
+        torch.testing.assert_close(y, x)
+        assert "resumed" in p.log(1)
         a.close()
         b.close()

@@ -1,7 +1,9 @@
 """examples/train_ddp.py for real: W=4 processes, DDP, a few steps under the
 tally hook and under gloo, with the same seed: the parameters must agree
-within float tolerance. Then a reducer SIGKILLed mid-training must surface
-as a Python exception from backward(), within the op timeout."""
+within float tolerance. A reducer SIGKILLed mid-training and restarted at
+its address must not change that; one that does not come back must surface
+as a Python exception from backward(), once the workers stop reconnecting
+(the op timeout)."""
 
 import os
 import signal
@@ -40,7 +42,37 @@ def test_tally_hook_trains_to_the_same_parameters_as_gloo(tmp_path):
                                    msg=name)
 
 
-def test_killed_reducer_raises_from_backward_within_the_op_timeout(tmp_path):
+def test_training_survives_a_reducer_restart_with_gloos_parameters(tmp_path):
+    steps = ["--steps", "8"]
+    gloo = tmp_path / "gloo.pt"
+    r = run_example(SMALL + steps + ["--backend", "gloo", "--save-params", str(gloo)])
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = tmp_path / "tally.pt"
+    with tally.pool.LocalPool(shards=2, args=["--log-level", "info"]) as pool:
+        proc = subprocess.Popen(
+            [sys.executable, EXAMPLE] + SMALL + steps + ["--pool", pool.address, "--save-params",
+                                                         str(out)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 180
+            for line in proc.stdout:  # training is under way once step 3 is printed
+                if line.startswith("step   3"):
+                    break
+                assert time.monotonic() < deadline, "no progress"
+            pool.restart(1)
+            rest, err = proc.communicate(timeout=180)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert proc.returncode == 0, rest + err
+        assert "resumed" in pool.log(1), pool.log(1)
+    ours, theirs = torch.load(out), torch.load(gloo)
+    for name in theirs:
+        torch.testing.assert_close(ours[name], theirs[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_killed_reducer_that_does_not_come_back_raises_from_backward(tmp_path):
     op_timeout_ms = 5000
     with tally.pool.LocalPool(shards=2, args=["--log-level", "warn"]) as pool:
         proc = subprocess.Popen(
@@ -68,7 +100,8 @@ def test_killed_reducer_raises_from_backward_within_the_op_timeout(tmp_path):
     # Each rank reports how long its failing step took.
     failed = [line for line in err.splitlines() if " failed at step " in line]
     assert failed, err
+    # The workers reconnect for the op timeout, then give up.
     for line in failed:
         seconds = float(line.split(" after ")[1].split(" s:")[0])
-        assert seconds < op_timeout_ms / 1000, line
+        assert seconds < op_timeout_ms / 1000 + 5, line
     assert exited_after < op_timeout_ms / 1000 + 30

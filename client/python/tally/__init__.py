@@ -66,6 +66,7 @@ _KEYWORDS = {
     "fabric_max_msg_bytes": "TALLY_FABRIC_MAX_MSG_BYTES",
     "wire_dtype": "TALLY_WIRE_DTYPE",
     "wire_result": "TALLY_WIRE_RESULT",
+    "resume_bytes": "TALLY_RESUME_BYTES",
 }
 _REQUIRED = ("pool", "job", "rank", "world_size")
 

@@ -39,24 +39,29 @@ class LocalPool:
         self.reducer = find_reducer(reducer)
         self.dir = log_dir or tempfile.mkdtemp(prefix="tally-pool-")
         self._own_dir = log_dir is None
+        self.args = list(args)
+        self.start_timeout = start_timeout
         self.processes = []
         self.addresses = []
         try:
             for s in range(shards):
-                ready = os.path.join(self.dir, "ready-%d" % s)
-                if os.path.exists(ready):
-                    os.unlink(ready)
-                log = open(os.path.join(self.dir, "reducer-%d.log" % s), "wb")
-                cmd = [self.reducer, "--listen", "127.0.0.1:0", "--shard", str(s), "--shards",
-                       str(shards), "--ready-file", ready] + list(args)
-                self.processes.append(subprocess.Popen(cmd, stdout=log, stderr=log))
-                log.close()
+                self.processes.append(self._spawn(s, "127.0.0.1:0"))
             deadline = time.monotonic() + start_timeout
             for s, proc in enumerate(self.processes):
                 self.addresses.append(self._await_ready(s, proc, deadline))
         except BaseException:
             self.close()
             raise
+
+    def _spawn(self, shard, listen):
+        ready = os.path.join(self.dir, "ready-%d" % shard)
+        if os.path.exists(ready):
+            os.unlink(ready)
+        # Appended to: a restarted reducer's log follows its predecessor's.
+        with open(os.path.join(self.dir, "reducer-%d.log" % shard), "ab") as log:
+            cmd = [self.reducer, "--listen", listen, "--shard", str(shard), "--shards",
+                   str(self.shards), "--ready-file", ready] + self.args
+            return subprocess.Popen(cmd, stdout=log, stderr=log)
 
     def _await_ready(self, shard, proc, deadline):
         ready = os.path.join(self.dir, "ready-%d" % shard)
@@ -86,6 +91,17 @@ class LocalPool:
     def kill(self, shard, sig=signal.SIGKILL):
         """Sends ``sig`` to reducer ``shard`` (SIGKILL: a crash, no goodbye)."""
         self.processes[shard].send_signal(sig)
+
+    def restart(self, shard):
+        """Kills reducer ``shard`` (SIGKILL) if it runs and starts a new one
+        at its address, as a restarted pod comes back; returns once it
+        listens."""
+        old = self.processes[shard]
+        if old.poll() is None:
+            old.kill()
+        old.wait()
+        self.processes[shard] = self._spawn(shard, self.addresses[shard])
+        self._await_ready(shard, self.processes[shard], time.monotonic() + self.start_timeout)
 
     def close(self, grace=5.0):
         """SIGTERM, then SIGKILL after ``grace`` seconds; returns the exit codes."""

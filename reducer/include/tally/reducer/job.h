@@ -194,7 +194,9 @@ class Job : public std::enable_shared_from_this<Job> {
   void on_contribution_payload(const FrameHeader& header, PendingContribution& pending);
   // `rank` has every result of the ops below `op_below` (a Received); when
   // the least mark over the group's ranks advances, every member is told
-  // (Released) that no one will need those ops replayed.
+  // (Released) that no one will need those ops replayed. Once every rank
+  // of the group has joined and said a mark, the least is told even
+  // unchanged: resumed workers wait for it.
   void on_received(uint32_t rank, uint64_t op_below);
   // A partial from the replica of `from_group`: where its payload goes.
   // kPause after registering `wake` with the quota.
@@ -299,6 +301,11 @@ class Job : public std::enable_shared_from_this<Job> {
   std::vector<uint64_t> received_;
   uint64_t released_ = 0;
   int64_t not_above_released_ = -1;
+  // Ranks that have said a mark; once all of the group have, the least
+  // is known (and was told to every member).
+  std::vector<bool> reported_;
+  uint32_t reported_count_ = 0;
+  bool marks_known_ = false;
 };
 
 }  // namespace tally

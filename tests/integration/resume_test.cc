@@ -1,0 +1,213 @@
+// Surviving a reducer restart (docs/protocol.md, "Resuming"): workers that
+// lose a reducer reconnect and send their ops in flight again, replaying
+// the results they already have, against real reducer processes that are
+// killed and restarted at their addresses.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <future>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "clients.h"
+#include "harness.h"
+#include "raw_peer.h"
+#include "tally.pb.h"
+#include "tally/bench/pattern.h"
+#include "tally/client/client.h"
+#include "tally/protocol/frame.h"
+
+namespace tally::testing {
+namespace {
+
+using namespace std::chrono_literals;
+
+std::string bytes_of(const std::vector<float>& v) {
+  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+}
+
+wire::Control received(uint64_t op_below) {
+  wire::Control m;
+  m.mutable_received()->set_op_below(op_below);
+  return m;
+}
+
+// Reducers are SIGKILLed and restarted at their addresses while every rank
+// keeps several ops in flight: every op completes, and every sum is exact.
+TEST(Resume, KilledReducerRestartedMidOpsCompletesEveryOpExactly) {
+  TestCluster cluster(PoolSpec{.shards = 2});
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  constexpr uint32_t kWorld = 3;
+  constexpr int kOps = 400;
+  constexpr size_t kDepth = 4;
+  constexpr int kKills = 3;
+  auto clients = connect_all(cluster, unique_job("resume-kill"), kWorld);
+  ASSERT_EQ(clients.size(), kWorld);
+  std::atomic<int> finished{0};  // rank 0's ops that have ended
+  std::thread killer([&] {
+    for (int k = 0; k < kKills; ++k) {
+      const int at = (k + 1) * kOps / (kKills + 1);
+      if (!eventually([&] { return finished.load() >= at; }, 60s)) return;
+      cluster.kill_reducer(k % 2, SIGKILL);
+      EXPECT_TRUE(cluster.restart_reducer(k % 2).is_ok());
+    }
+  });
+  on_every_rank(kWorld, [&](uint32_t r) {
+    std::deque<std::pair<std::vector<float>, OpHandle>> inflight;
+    auto end_oldest = [&] {
+      auto& [data, handle] = inflight.front();
+      const auto s = handle.wait_for(30s);
+      ASSERT_TRUE(s.has_value()) << "op " << handle.op().value_or(0) << " still in flight";
+      EXPECT_TRUE(s->is_ok()) << "op " << handle.op().value_or(0) << ": " << s->to_string();
+      EXPECT_EQ(bench::count_wrong(data.data(), data.size(), kWorld, RedOp::kSum), 0u)
+          << "op " << handle.op().value_or(0);
+      inflight.pop_front();
+      if (r == 0) finished++;
+    };
+    for (int i = 0; i < kOps; ++i) {
+      // 1 to 16 chunks on each shard (1 KiB chunks).
+      auto& [data, handle] =
+          inflight.emplace_back(std::vector<float>(1 + (i % 8) * 1000), OpHandle());
+      bench::fill_pattern(data.data(), data.size(), r);
+      handle = clients[r]->allreduce_async(data.data(), data.size(), DType::kFloat32, RedOp::kSum);
+      if (inflight.size() >= kDepth) end_oldest();
+    }
+    while (!inflight.empty()) end_oldest();
+  });
+  killer.join();
+  const std::string logs = cluster.reducer_log(0) + cluster.reducer_log(1);
+  EXPECT_TRUE(contains(logs, "resumed"));
+  if (::testing::Test::HasFailure()) ADD_FAILURE() << "reducer logs:\n" << logs;
+}
+
+// The rank that has a chunk's result replays it, and the rank that does not
+// gets exactly those bytes from the restarted reducer: not a new sum, which
+// could no longer be formed (the first rank's buffer holds the result now).
+// Rank 1 is a raw peer that never reads its result, and it contributes
+// other values after the restart to show which bytes come back.
+TEST(Resume, ARankWithoutTheResultGetsTheReplayedBytes) {
+  TestCluster cluster(PoolSpec{.shards = 1});
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  const std::string job = unique_job("resume-replay");
+  const std::string address = cluster.addresses()[0];
+  constexpr uint64_t kCount = 200;  // one 800-byte chunk
+  std::vector<float> a(kCount), x(kCount), y(kCount, -7.0f);
+  for (uint64_t i = 0; i < kCount; ++i) {
+    a[i] = static_cast<float>(i);
+    x[i] = static_cast<float>(1000 + i);
+  }
+  FrameHeader h;
+  h.kind = FrameKind::kContribution;
+  h.dtype = DType::kFloat32;
+  h.rank = 1;
+  h.job = job_id(job);
+  h.op = 0;
+  h.count = kCount;
+  h.chunk = 0;
+  h.chunks_on_shard = 1;
+  h.length = kCount * sizeof(float);
+
+  // The Hello a client of a one-group pool sends: one group of 2.
+  wire::Control hello = raw_hello(job, 1, 2);
+  hello.mutable_hello()->add_group_sizes(2);
+  RawPeer first(address);
+  first.send_control(hello);
+  first.send_frame(h, bytes_of(x));
+  auto client = connect_all(cluster, job, 1, [](ClientOptions& o, uint32_t) { o.world_size = 2; });
+  ASSERT_EQ(client.size(), 1u);
+  ASSERT_TRUE(client[0]->allreduce(a.data(), kCount, DType::kFloat32, RedOp::kSum).is_ok());
+  const std::string sum = bytes_of(a);  // a + x
+  std::string got;
+  ASSERT_TRUE(first.received_within(sum, 5s, &got));
+
+  // Rank 0 has finished op 0; rank 1 is taken to have lost its result.
+  cluster.kill_reducer(0, SIGKILL);
+  ASSERT_TRUE(cluster.restart_reducer(0).is_ok());
+  // As a resuming worker does: Hello, its Received mark (it has finished
+  // no op), and, once the reducer's Released says no op is released, the
+  // chunk again (sending it at once is the same to the reducer).
+  RawPeer again(address);
+  hello.mutable_hello()->set_resume(true);
+  again.send_control(hello);
+  again.send_control(received(0));
+  again.send_frame(h, bytes_of(y));
+  std::string after;
+  EXPECT_TRUE(again.received_within(sum, 10s, &after)) << after.size() << " bytes came";
+  EXPECT_TRUE(eventually([&] { return contains(cluster.reducer_log(0), "resumed"); }, 5s));
+}
+
+std::string released_payload(uint64_t op_below) {
+  wire::Control m;
+  m.mutable_released()->set_op_below(op_below);
+  return m.SerializeAsString();
+}
+
+// A reducer releases the ops below the least Received mark of the job's
+// ranks, and tells every rank when that mark advances.
+TEST(Resume, ReleasedIsTheLeastReceivedMarkOfTheRanks) {
+  TestCluster cluster(PoolSpec{.shards = 1});
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  const std::string job = unique_job("resume-marks");
+  RawPeer p0(cluster.addresses()[0]), p1(cluster.addresses()[0]);
+  p0.send_control(raw_hello(job, 0, 2));
+  p1.send_control(raw_hello(job, 1, 2));
+  p0.send_control(received(5));
+  p1.send_control(received(3));
+  std::string got0, got1;
+  EXPECT_TRUE(p0.received_within(released_payload(3), 5s, &got0));
+  EXPECT_TRUE(p1.received_within(released_payload(3), 5s, &got1));
+  p1.send_control(received(9));
+  EXPECT_TRUE(p0.received_within(released_payload(5), 5s, &got0));
+  EXPECT_TRUE(p1.received_within(released_payload(5), 5s, &got1));
+  // A mark that does not advance the least one releases nothing more.
+  p1.send_control(received(12));
+  EXPECT_FALSE(p0.received_within(released_payload(9), 500ms, &got0));
+}
+
+// A reducer stopped (SIGSTOP) past the workers' peer timeout and then
+// continued: the workers reconnect to it and go on, and every op of theirs
+// completes.
+TEST(Resume, HungThenContinuedReducerServesTheSameWorkersOn) {
+  // Heartbeats well inside the workers' peer timeout, so that only the
+  // stopped reducer goes silent.
+  PoolSpec spec{.shards = 2};
+  spec.reducer_args.insert(spec.reducer_args.end(), {"--heartbeat-ms", "100"});
+  TestCluster cluster(spec);
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  WorkerGroup workers(cluster, "w", unique_job("resume-hung"), 2,
+                      [](uint32_t) {
+                        return Args{"--count", "30011", "--ops", "60"};
+                      },
+                      {{"TALLY_HEARTBEAT_MS", "100"}, {"TALLY_PEER_TIMEOUT_MS", "1000"}});
+  ASSERT_TRUE(eventually([&] { return contains(workers.stdout_of(1), "op 5 ok"); }, 30s))
+      << workers.stdout_of(1);
+  cluster.reducer(1).signal(SIGSTOP);
+  struct Continue {
+    TestCluster& cluster;
+    ~Continue() { cluster.reducer(1).signal(SIGCONT); }
+  } continue_at_exit{cluster};
+  // Past the peer timeout: both workers have closed their streams to it
+  // and are reconnecting (the client library logs it).
+  ASSERT_TRUE(eventually(
+      [&] {
+        return contains(workers.stdout_of(0), "reconnecting") &&
+               contains(workers.stdout_of(1), "reconnecting");
+      },
+      20s))
+      << workers.stdout_of(0);
+  cluster.reducer(1).signal(SIGCONT);
+  for (uint32_t r = 0; r < 2; ++r) {
+    auto out = workers.wait(r, 60s);
+    EXPECT_EQ(out.exit_code, 0) << out.out;
+    EXPECT_TRUE(contains(out.out, "op 59 ok")) << out.out;
+  }
+}
+
+}  // namespace
+}  // namespace tally::testing
