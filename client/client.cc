@@ -223,6 +223,9 @@ void Client::Impl::maybe_finish(std::shared_ptr<Op> op) {
     spare_staging.push_back(std::move(op->staging));
   }
   op->handle->end_one(op->failed ? op->failure : Status::ok());
+  // A kept op holds its results' copy only, not the caller's handle (nor a
+  // fused call's staging buffers in it).
+  op->handle.reset();
   note_received();
 }
 
@@ -449,6 +452,11 @@ Result<ClientOptions> client_options_from_env() {
 
 Result<std::unique_ptr<Client>> Client::connect(const ClientOptions& options) {
   TALLY_RETURN_IF_ERROR(validate(options));
+  // spdlog makes its registry on first use, in libspdlog (which sanitizers
+  // do not see into): made once here, before any client's I/O thread can
+  // log, every thread that logs is ordered after it.
+  static std::once_flag logging;
+  std::call_once(logging, [] { spdlog::default_logger_raw(); });
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   impl->job = job_id(options.job);

@@ -99,7 +99,9 @@ def test_killed_reducer_raises_peer_lost_naming_it():
 
 def test_restarted_reducer_is_resumed_and_the_op_completes():
     # With resuming (the default) the workers reconnect to the reducer that
-    # comes back at its address, and the op in flight completes exactly.
+    # comes back at its address, and the op in flight completes exactly
+    # (rank 0's chunks on shard 1 died with the first reducer: without the
+    # resend the op would fail).
     with tally.pool.LocalPool(shards=2, args=REDUCER_ARGS) as p:
         a, b = connect(p.address, new_job("restarted"), 2, op_timeout_ms=10000)
         x = torch.arange(5000, dtype=torch.float32)
@@ -110,6 +112,5 @@ def test_restarted_reducer_is_resumed_and_the_op_completes():
         h.wait(timeout=30)
         torch.testing.assert_close(x, 2 * torch.arange(5000, dtype=torch.float32))
         torch.testing.assert_close(y, x)
-        assert "resumed" in p.log(1)
         a.close()
         b.close()
