@@ -46,8 +46,9 @@ void check_accepted(const FrameHeader& h, std::span<const uint8_t, kFrameHeaderB
   TALLY_CHECK(h.length % esize == 0 && h.offset % esize == 0);
   TALLY_CHECK(h.count <= std::numeric_limits<uint64_t>::max() / esize);
   const bool accumulators = (h.flags & kFrameFlagAccumulators) != 0;
-  TALLY_CHECK(!accumulators ||
-              ((h.kind == FrameKind::kPartial || h.kind == FrameKind::kResult) && esize == 2));
+  TALLY_CHECK(!accumulators || ((h.kind == FrameKind::kPartial || h.kind == FrameKind::kResult ||
+                                 h.kind == FrameKind::kReplay) &&
+                                esize == 2));
   const bool wide_result = (h.flags & kFrameFlagWideResult) != 0;
   TALLY_CHECK(!wide_result ||
               (esize == 2 && ((h.kind == FrameKind::kContribution && !accumulators) ||
@@ -55,7 +56,8 @@ void check_accepted(const FrameHeader& h, std::span<const uint8_t, kFrameHeaderB
   const uint64_t extent = accumulators ? h.length / 4 * esize : h.length;
   const uint64_t total = h.count * esize;
   TALLY_CHECK(h.offset <= total && extent <= total - h.offset);
-  TALLY_CHECK(h.kind != FrameKind::kContribution || h.chunks_on_shard >= 1);
+  TALLY_CHECK((h.kind != FrameKind::kContribution && h.kind != FrameKind::kReplay) ||
+              h.chunks_on_shard >= 1);
   TALLY_CHECK(!describe(h).empty());
 }
 
