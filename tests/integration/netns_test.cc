@@ -104,6 +104,28 @@ class OffLoopback : public ::testing::TestWithParam<std::string> {
     return *workers_.back();
   }
 
+  // Starts a job of `world` ranks in b running `ops` ops of 9477 floats, and
+  // returns them once each has finished op 10 (none if that did not come).
+  std::vector<Child*> start_job(const std::string& tag, const std::string& pool, uint32_t world,
+                                const std::string& ops, const Env& extra = {}) {
+    const std::string job = unique_job(tag);
+    std::vector<Child*> ranks;
+    for (uint32_t r = 0; r < world; ++r) {
+      ranks.push_back(&spawn_worker(tag + std::to_string(r), pool, job, r, world,
+                                    {"--count", "9477", "--ops", ops}, extra));
+    }
+    const bool going = eventually(
+        [&] {
+          for (Child* c : ranks) {
+            if (!contains(c->out(), "op 10 ok")) return false;
+          }
+          return true;
+        },
+        30s);
+    EXPECT_TRUE(going) << ranks[0]->out() << ranks[0]->err() << reducer_log();
+    return going ? ranks : std::vector<Child*>{};
+  }
+
   // Runs a job of `world` ranks in b to completion and expects exact sums.
   void expect_job_works(const std::string& pool, const std::string& tag, uint32_t world) {
     const std::string job = unique_job(tag);
@@ -159,20 +181,10 @@ TEST_P(OffLoopback, ExactSumsAcrossAVethPair) {
 TEST_P(OffLoopback, CutLinkFailsEveryWorkerNamingTheReducer) {
   const std::string pool = start_reducer();
   ASSERT_FALSE(pool.empty());
-  const std::string job = unique_job("cut");
   constexpr uint32_t kWorld = 2;
-  std::vector<Child*> ranks;
-  for (uint32_t r = 0; r < kWorld; ++r) {
-    ranks.push_back(&spawn_worker("cut" + std::to_string(r), pool, job, r, kWorld,
-                                  {"--count", "9477", "--ops", "200000"},
-                                  {{"TALLY_RESUME_BYTES", "0"}}));
-  }
-  ASSERT_TRUE(eventually(
-      [&] {
-        return contains(ranks[0]->out(), "op 10 ok") && contains(ranks[1]->out(), "op 10 ok");
-      },
-      30s))
-      << ranks[0]->out() << ranks[0]->err() << reducer_log();
+  std::vector<Child*> ranks =
+      start_job("cut", pool, kWorld, "200000", {{"TALLY_RESUME_BYTES", "0"}});
+  ASSERT_EQ(ranks.size(), kWorld);
   Command cut = net_->set_link_b(false);
   ASSERT_TRUE(cut.ok()) << cut.output;
   const auto t0 = Clock::now();
@@ -204,19 +216,9 @@ TEST_P(OffLoopback, CutLinkFailsEveryWorkerNamingTheReducer) {
 TEST_P(OffLoopback, CutLinkRestoredWithinTheOpTimeoutIsResumed) {
   const std::string pool = start_reducer();
   ASSERT_FALSE(pool.empty());
-  const std::string job = unique_job("cut-resume");
   constexpr uint32_t kWorld = 2;
-  std::vector<Child*> ranks;
-  for (uint32_t r = 0; r < kWorld; ++r) {
-    ranks.push_back(&spawn_worker("cutr" + std::to_string(r), pool, job, r, kWorld,
-                                  {"--count", "9477", "--ops", "60"}));
-  }
-  ASSERT_TRUE(eventually(
-      [&] {
-        return contains(ranks[0]->out(), "op 10 ok") && contains(ranks[1]->out(), "op 10 ok");
-      },
-      30s))
-      << ranks[0]->out() << ranks[0]->err() << reducer_log();
+  std::vector<Child*> ranks = start_job("cutr", pool, kWorld, "60");
+  ASSERT_EQ(ranks.size(), kWorld);
   Command cut = net_->set_link_b(false);
   ASSERT_TRUE(cut.ok()) << cut.output;
   ASSERT_TRUE(eventually(

@@ -27,6 +27,23 @@ def run_example(args, timeout=240):
                           timeout=timeout)
 
 
+def start_training(pool, args):
+    """train_ddp.py with `args` against `pool`, returned once step 3 is printed."""
+    proc = subprocess.Popen([sys.executable, EXAMPLE] + SMALL + args + ["--pool", pool.address],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        for line in proc.stdout:  # training is under way once step 3 is printed
+            if line.startswith("step   3"):
+                return proc
+            assert time.monotonic() < deadline, "no progress"
+        raise AssertionError("training ended before step 3: " + proc.stderr.read())
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+
+
 def test_tally_hook_trains_to_the_same_parameters_as_gloo(tmp_path):
     params = {}
     for backend in ("tally", "gloo"):
@@ -49,16 +66,8 @@ def test_training_survives_a_reducer_restart_with_gloos_parameters(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     out = tmp_path / "tally.pt"
     with tally.pool.LocalPool(shards=2, args=["--log-level", "info"]) as pool:
-        proc = subprocess.Popen(
-            [sys.executable, EXAMPLE] + SMALL + steps + ["--pool", pool.address, "--save-params",
-                                                         str(out)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = start_training(pool, steps + ["--save-params", str(out)])
         try:
-            deadline = time.monotonic() + 180
-            for line in proc.stdout:  # training is under way once step 3 is printed
-                if line.startswith("step   3"):
-                    break
-                assert time.monotonic() < deadline, "no progress"
             pool.restart(1)
             rest, err = proc.communicate(timeout=180)
         finally:
@@ -75,16 +84,8 @@ def test_training_survives_a_reducer_restart_with_gloos_parameters(tmp_path):
 def test_killed_reducer_that_does_not_come_back_raises_from_backward(tmp_path):
     op_timeout_ms = 5000
     with tally.pool.LocalPool(shards=2, args=["--log-level", "warn"]) as pool:
-        proc = subprocess.Popen(
-            [sys.executable, EXAMPLE] + SMALL + ["--steps", "100000", "--pool", pool.address,
-                                                 "--op-timeout-ms", str(op_timeout_ms)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = start_training(pool, ["--steps", "100000", "--op-timeout-ms", str(op_timeout_ms)])
         try:
-            deadline = time.monotonic() + 180
-            for line in proc.stdout:  # training is under way once step 3 is printed
-                if line.startswith("step   3"):
-                    break
-                assert time.monotonic() < deadline, "no progress"
             pool.kill(1, signal.SIGKILL)
             killed_at = time.monotonic()
             _, err = proc.communicate(timeout=op_timeout_ms / 1000 + 60)
