@@ -42,6 +42,8 @@ using Clock = std::chrono::steady_clock;
 using client_internal::backstop;
 using client_internal::kDrainGrace;
 using client_internal::kEarlyErrorsKept;
+using client_internal::kReceivedEveryBytes;
+using client_internal::kReceivedEveryOps;
 using client_internal::kSpareStagingKept;
 using std::chrono::milliseconds;
 
@@ -226,6 +228,7 @@ void Client::Impl::maybe_finish(std::shared_ptr<Op> op) {
   // A kept op holds its results' copy only, not the caller's handle (nor a
   // fused call's staging buffers in it).
   op->handle.reset();
+  if (op->plan) finished_since_received += op->plan->nbytes();
   note_received();
 }
 
@@ -265,10 +268,21 @@ void Client::Impl::trim_kept() {
   }
 }
 
+uint64_t Client::Impl::received_mark() const {
+  return ops.empty() ? started_below : std::min(started_below, ops.begin()->first);
+}
+
 void Client::Impl::note_received() {
-  const uint64_t mark = ops.empty() ? started_below : std::min(started_below, ops.begin()->first);
+  // Coalesced: a Received (and the reducers' Released) per small op would
+  // double the frames of a 4 KiB op and its latency; kept results then
+  // wait a few ops longer, bounded by the bytes below.
+  const uint64_t mark = received_mark();
   if (mark <= received_sent) return;
+  if (mark - received_sent < kReceivedEveryOps && finished_since_received < kReceivedEveryBytes) {
+    return;
+  }
   received_sent = mark;
+  finished_since_received = 0;
   for (auto& link : links) link->send_received(mark);
 }
 
@@ -314,7 +328,7 @@ void Client::Impl::on_link_resumed(uint32_t shard) {
   // replay of one would hold a window slot and a reducer buffer for
   // nothing until the reducer's op timeout.
   link.resyncing = true;
-  link.send_received(received_sent);
+  link.send_received(received_mark());
 }
 
 void Client::Impl::resend(uint32_t shard, uint64_t op_below) {

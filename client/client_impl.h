@@ -35,6 +35,10 @@ inline constexpr milliseconds kDrainGrace{2000};
 inline constexpr size_t kEarlyErrorsKept = 1024;
 // Staging buffers kept for reuse by bfloat16-wire ops (Client::Impl::spare_staging).
 inline constexpr size_t kSpareStagingKept = 4;
+// A Received goes to the reducers once the mark has advanced this many ops,
+// or once this many bytes of ops have finished since the last one.
+inline constexpr uint64_t kReceivedEveryOps = 8;
+inline constexpr uint64_t kReceivedEveryBytes = uint64_t{1} << 20;
 
 // The client's own deadline is a backstop behind the reducers' op timeout,
 // which is the one that names missing ranks.
@@ -114,7 +118,8 @@ struct Client::Impl {
   // released them (docs/protocol.md, "Resuming"), and their bytes.
   std::map<uint64_t, std::shared_ptr<Op>> kept;
   uint64_t kept_bytes = 0;
-  uint64_t received_sent = 0;  // the Received mark last sent
+  uint64_t received_sent = 0;            // the Received mark last sent to every reducer
+  uint64_t finished_since_received = 0;  // bytes of the ops finished since
   std::map<uint64_t, Status> early_errors;
   uint64_t started_below = 0;  // ops with smaller ids have been started
   std::optional<Status> broken;
@@ -140,6 +145,8 @@ struct Client::Impl {
   void on_released(uint32_t shard, uint64_t op_below);
   // Tells the reducers how far this worker has every result (Received).
   void note_received();
+  // The lowest op this worker has not finished.
+  uint64_t received_mark() const;
   // Keeps a copy of a finished op's results, within options.resume_bytes.
   void keep(const std::shared_ptr<Op>& op);
   // Drops the kept ops every reducer has released.
