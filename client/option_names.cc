@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <cstdlib>
 #include <limits>
 #include <string>
 
 #include "tally/protocol/auth.h"
 #include "tally/protocol/pool.h"
+#include "tally/protocol/tcp_transport.h"
 
 namespace tally {
 namespace {
@@ -170,6 +172,97 @@ Status set_client_option(ClientOptions& o, std::string_view name, std::string_vi
   }
   return Status(ErrorCode::kInvalidArgument, "unknown client option '" + std::string(name) +
                                                  "' (the TALLY_* names of docs/configuration.md)");
+}
+
+Status validate(const ClientOptions& o) {
+  auto bad = [](std::string m) { return Status(ErrorCode::kInvalidArgument, std::move(m)); };
+  if (o.pool.empty()) return bad("the pool is empty (set TALLY_POOL to host:port,...)");
+  for (auto& a : o.pool) {
+    auto hp = parse_host_port(a);
+    if (!hp) return hp.status();
+  }
+  if (o.job.empty() || o.job.size() > 256) return bad("job name must have 1 to 256 bytes");
+  if (o.world_size == 0) return bad("world size must be at least 1");
+  if (o.rank >= o.world_size) {
+    return bad("rank " + std::to_string(o.rank) + " is not below world size " +
+               std::to_string(o.world_size));
+  }
+  if (o.groups == 0) return bad("TALLY_GROUPS must be at least 1");
+  if (o.pool.size() % o.groups != 0) {
+    return bad("TALLY_POOL lists " + std::to_string(o.pool.size()) +
+               " reducers, which is not a multiple of " +
+               "TALLY_GROUPS=" + std::to_string(o.groups) +
+               " (the pool lists the S reducers of each group, in (group, shard) order)");
+  }
+  if (o.group) {
+    if (*o.group >= o.groups) {
+      return bad("rank " + std::to_string(o.rank) + " is in group " + std::to_string(*o.group) +
+                 " but the pool has " + std::to_string(o.groups) + " groups (0.." +
+                 std::to_string(o.groups - 1) + ")");
+    }
+    uint64_t total = 0;
+    for (uint32_t n : o.group_sizes) total += n;
+    if (o.group_sizes.size() != o.groups || total != o.world_size || o.group_sizes[*o.group] == 0) {
+      return bad("TALLY_GROUP needs TALLY_GROUP_SIZES: " + std::to_string(o.groups) +
+                 " worker counts, one per group, that add up to the world size " +
+                 std::to_string(o.world_size) + " and give group " + std::to_string(*o.group) +
+                 " at least one worker");
+    }
+  } else if (!o.group_sizes.empty()) {
+    return bad("TALLY_GROUP_SIZES is only used with TALLY_GROUP");
+  }
+  if (o.chunk_bytes != 0 && o.chunk_bytes < 8) {
+    return bad("chunk size must be 0 (automatic) or at least 8 bytes");
+  }
+  if (o.op_timeout.count() <= 0 || o.op_timeout.count() > std::numeric_limits<uint32_t>::max()) {
+    return bad("op timeout must be positive (milliseconds)");
+  }
+  if (o.connect_timeout.count() <= 0) return bad("connect timeout must be positive");
+  if (o.heartbeat_interval.count() <= 0 || o.peer_timeout <= o.heartbeat_interval) {
+    return bad("peer timeout must exceed the heartbeat interval");
+  }
+  if (o.wire_result && *o.wire_result != DType::kBFloat16) {
+    if (*o.wire_result != DType::kFloat32) {
+      return bad("the wire's results are float32 or bfloat16 (TALLY_WIRE_RESULT)");
+    }
+    if (!o.wire_dtype) {
+      return bad(
+          "TALLY_WIRE_RESULT=float32 is for the bfloat16 wire: set TALLY_WIRE_DTYPE=bfloat16");
+    }
+  }
+  if (o.transport != "tcp" && o.transport != "fabric") {
+    return bad("transport must be 'tcp' or 'fabric', not '" + o.transport + "'");
+  }
+  if (o.transport == "fabric" && o.fabric.provider.empty()) return bad("fabric provider is empty");
+  if (Status s = check_congestion_control(o.tcp_congestion); !s.is_ok()) {
+    return s.with_context("TALLY_TCP_CONGESTION");
+  }
+  return Status::ok();
+}
+
+Result<ClientOptions> client_options_from_env() {
+  ClientOptions o;
+  // One parser for every name (option_names.h); the later of two names for
+  // one option wins (TALLY_FABRIC_PROVIDER over FI_PROVIDER).
+  for (std::string_view name : client_option_names()) {
+    const char* value = std::getenv(std::string(name).c_str());
+    if (value) TALLY_RETURN_IF_ERROR(set_client_option(o, name, value));
+  }
+  auto is_set = [](const char* name) {
+    const char* v = std::getenv(name);
+    return v && *v;
+  };
+  if (!is_set("TALLY_POOL")) {
+    return Status(ErrorCode::kInvalidArgument,
+                  "TALLY_POOL is not set (host:port,... in (group, shard) order)");
+  }
+  for (const char* required : {"TALLY_JOB", "TALLY_RANK", "TALLY_WORLD_SIZE"}) {
+    if (!is_set(required)) {
+      return Status(ErrorCode::kInvalidArgument, std::string(required) + " is not set");
+    }
+  }
+  TALLY_RETURN_IF_ERROR(validate(o));
+  return o;
 }
 
 }  // namespace tally

@@ -1,0 +1,149 @@
+// Surviving a reducer restart, the client's side (docs/protocol.md,
+// "Resuming"): the results kept for replays and the Received/Released marks
+// that release them, and what a lost and reopened stream to a reducer
+// sends again. Private to libtally; the rest of an op's life is client.cc.
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <map>
+
+#include "client_impl.h"
+#include "shard_link.h"
+
+namespace tally {
+using client_internal::kReceivedEveryBytes;
+using client_internal::kReceivedEveryOps;
+
+std::span<std::byte> client_internal::result_span(Op& op, const ChunkExtent& e) {
+  // A wide result is the float32 sums, at twice the wire offset.
+  const uint64_t scale = op.wide_result ? 2 : 1;
+  std::byte* base = !op.kept.empty()                        ? op.kept.data()
+                    : op.wide_result || op.wire == op.dtype ? op.data
+                                                            : op.staging.data();
+  return {base + e.offset * scale, e.length * scale};
+}
+
+void Client::Impl::keep(const std::shared_ptr<Op>& kept_op) {
+  Op& op = *kept_op;
+  if (options.resume_bytes == 0 || options.groups > 1 || !op.plan) return;
+  const ChunkExtent whole{0, 0, 0, op.plan->nbytes()};
+  const std::span<std::byte> results = result_span(op, whole);
+  if (kept_bytes + results.size() > options.resume_bytes) {
+    spdlog::warn(
+        "job '{}' rank {}: op {} is not kept for a reducer restart: {} bytes of results are "
+        "kept already (TALLY_RESUME_BYTES={})",
+        options.job, options.rank, op.id, kept_bytes, options.resume_bytes);
+    return;
+  }
+  op.kept.assign(results.begin(), results.end());
+  kept_bytes += op.kept.size();
+  kept.emplace(op.id, kept_op);
+}
+
+void Client::Impl::trim_kept() {
+  // A Released from any reducer says every rank has every result of the
+  // ops below it (Received counts all of a rank's results, on every shard).
+  uint64_t below = 0;
+  for (auto& link : links) below = std::max(below, link->released_below);
+  for (auto it = kept.begin(); it != kept.end() && it->first < below;) {
+    Op& op = *it->second;
+    const bool busy =
+        std::any_of(op.sending_on.begin(), op.sending_on.end(), [](uint32_t n) { return n > 0; }) ||
+        std::any_of(op.unanswered.begin(), op.unanswered.end(), [](uint32_t n) { return n > 0; });
+    if (busy) {  // a replay of it is still being sent or answered
+      ++it;
+      continue;
+    }
+    kept_bytes -= op.kept.size();
+    it = kept.erase(it);
+  }
+}
+
+uint64_t Client::Impl::received_mark() const {
+  return ops.empty() ? started_below : std::min(started_below, ops.begin()->first);
+}
+
+void Client::Impl::note_received() {
+  // Coalesced: a Received (and the reducers' Released) per small op would
+  // double the frames of a 4 KiB op and its latency; kept results then
+  // wait a few ops longer, bounded by the bytes below.
+  const uint64_t mark = received_mark();
+  if (mark <= received_sent) return;
+  if (mark - received_sent < kReceivedEveryOps && finished_since_received < kReceivedEveryBytes) {
+    return;
+  }
+  received_sent = mark;
+  finished_since_received = 0;
+  for (auto& link : links) link->send_received(mark);
+}
+
+void Client::Impl::on_released(uint32_t shard, uint64_t op_below) {
+  ShardLink& link = *links[shard];
+  link.released_below = std::max(link.released_below, op_below);
+  trim_kept();
+  if (link.resyncing) {
+    link.resyncing = false;
+    resend(shard, op_below);
+  }
+}
+
+void Client::Impl::on_link_lost(uint32_t shard) {
+  ShardLink& link = *links[shard];
+  // Nothing sent on the lost stream will be answered, and it writes into
+  // no buffer any more.
+  link.inflight = 0;
+  link.inflight_bytes = 0;
+  link.queue.clear();
+  link.resyncing = false;
+  auto forget = [&](Op& op) {
+    if (!op.plan || op.unanswered.empty()) return;
+    op.receiving_on[shard] = 0;
+    op.unanswered[shard] = 0;
+    op.unanswered_bytes[shard] = 0;
+    const uint64_t first = op.plan->first_chunk(shard);
+    for (uint64_t k = first; k < first + op.plan->chunks_on_shard(shard); ++k) op.replaying[k] = 0;
+  };
+  std::vector<std::shared_ptr<Op>> live;
+  for (auto& [id, op] : ops) {
+    forget(*op);
+    live.push_back(op);
+  }
+  for (auto& [id, op] : kept) forget(*op);
+  for (auto& op : live) maybe_finish(op);  // a failed op may have waited on that stream
+}
+
+void Client::Impl::on_link_resumed(uint32_t shard) {
+  ShardLink& link = *links[shard];
+  // Nothing goes until the reducer has every rank's mark (its first
+  // Released): the chunks of ops below it are needed by no one, and a
+  // replay of one would hold a window slot and a reducer buffer for
+  // nothing until the reducer's op timeout.
+  link.resyncing = true;
+  link.send_received(received_mark());
+}
+
+void Client::Impl::resend(uint32_t shard, uint64_t op_below) {
+  ShardLink& link = *links[shard];
+  // In (op, chunk) order, as the reducer requires of a stream.
+  std::map<uint64_t, std::shared_ptr<Op>> again;
+  for (auto& [id, op] : kept) {
+    if (id >= op_below) again.emplace(id, op);
+  }
+  for (auto& [id, op] : ops) {
+    if (!op->failed && op->plan) again.emplace(id, op);
+  }
+  for (auto& [id, op] : again) {
+    const uint64_t first = op->plan->first_chunk(shard);
+    for (uint64_t k = first; k < first + op->plan->chunks_on_shard(shard); ++k) {
+      const bool have = op->finished || op->got[k];
+      if (!have) {
+        link.conn()->post_receive({FrameKind::kResult, id, static_cast<uint32_t>(k)},
+                                  result_span(*op, op->plan->chunk(k)));
+      }
+      link.queue.push_back({op, static_cast<uint32_t>(k), have});
+    }
+  }
+  pump(link);
+}
+
+}  // namespace tally
