@@ -94,6 +94,16 @@ void Client::Impl::pump(ShardLink& link) {
   }
 }
 
+void Client::Impl::queue_chunk(ShardLink& link, const std::shared_ptr<Op>& op, uint32_t index,
+                               bool replay) {
+  // A contribution's result is received where a replay would be sent from.
+  if (!replay) {
+    link.conn()->post_receive({FrameKind::kResult, op->id, index},
+                              result_span(*op, op->plan->chunk(index)));
+  }
+  link.queue.push_back({op, index, replay});
+}
+
 void Client::Impl::start_op(const std::shared_ptr<Op>& op) {
   started_below = op->id + 1;
   const uint32_t shards = static_cast<uint32_t>(links.size());
@@ -149,8 +159,7 @@ void Client::Impl::start_op(const std::shared_ptr<Op>& op) {
     const ChunkExtent e = op->plan->chunk(k);
     ShardLink& link = *links[e.shard];
     if (link.closed() || link.resyncing) continue;  // being reopened: resend() sends it
-    link.conn()->post_receive({FrameKind::kResult, op->id, e.index}, result_span(*op, e));
-    link.queue.push_back({op, e.index, false});
+    queue_chunk(link, op, e.index, false);
   }
   for (auto& link : links) pump(*link);
 }

@@ -118,6 +118,7 @@ struct Client::Impl {
   // released them (docs/protocol.md, "Resuming"), and their bytes.
   std::map<uint64_t, std::shared_ptr<Op>> kept;
   uint64_t kept_bytes = 0;
+  bool keeping_refused = false;          // the last op did not fit (its warning is out)
   uint64_t received_sent = 0;            // the Received mark last sent to every reducer
   uint64_t finished_since_received = 0;  // bytes of the ops finished since
   std::map<uint64_t, Status> early_errors;
@@ -151,6 +152,9 @@ struct Client::Impl {
   void keep(const std::shared_ptr<Op>& op);
   // Drops the kept ops every reducer has released.
   void trim_kept();
+  // Queues chunk `index` of `op` on `link`: a contribution, whose result's
+  // receive is posted, or a replay of the result this worker has.
+  void queue_chunk(ShardLink& link, const std::shared_ptr<Op>& op, uint32_t index, bool replay);
   void pump(ShardLink& link);
 
   // An op for `count` elements at `data`, or why the arguments are unusable.

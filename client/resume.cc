@@ -29,12 +29,17 @@ void Client::Impl::keep(const std::shared_ptr<Op>& kept_op) {
   const ChunkExtent whole{0, 0, 0, op.plan->nbytes()};
   const std::span<std::byte> results = result_span(op, whole);
   if (kept_bytes + results.size() > options.resume_bytes) {
-    spdlog::warn(
-        "job '{}' rank {}: op {} is not kept for a reducer restart: {} bytes of results are "
-        "kept already (TALLY_RESUME_BYTES={})",
-        options.job, options.rank, op.id, kept_bytes, options.resume_bytes);
+    // Once per stretch of uncopied ops, not once per op.
+    if (!keeping_refused) {
+      spdlog::warn(
+          "job '{}' rank {}: op {} (and the next ones, until results are released) is not kept "
+          "for a reducer restart: {} bytes of results are kept already (TALLY_RESUME_BYTES={})",
+          options.job, options.rank, op.id, kept_bytes, options.resume_bytes);
+    }
+    keeping_refused = true;
     return;
   }
+  keeping_refused = false;
   op.kept.assign(results.begin(), results.end());
   kept_bytes += op.kept.size();
   kept.emplace(op.id, kept_op);
@@ -135,12 +140,7 @@ void Client::Impl::resend(uint32_t shard, uint64_t op_below) {
   for (auto& [id, op] : again) {
     const uint64_t first = op->plan->first_chunk(shard);
     for (uint64_t k = first; k < first + op->plan->chunks_on_shard(shard); ++k) {
-      const bool have = op->finished || op->got[k];
-      if (!have) {
-        link.conn()->post_receive({FrameKind::kResult, id, static_cast<uint32_t>(k)},
-                                  result_span(*op, op->plan->chunk(k)));
-      }
-      link.queue.push_back({op, static_cast<uint32_t>(k), have});
+      queue_chunk(link, op, static_cast<uint32_t>(k), op->finished || op->got[k]);
     }
   }
   pump(link);
