@@ -411,6 +411,8 @@ OpHandle Client::Impl::submit(const std::vector<std::shared_ptr<Op>>& batch,
       const uint64_t id = next_op.fetch_add(1);
       if (!op) continue;
       op->id = id;
+      // The plan's first shard follows the op's number (chunking.h).
+      op->plan.emplace(op->plan->nbytes(), op->wire, op->plan->shards(), plan_settings, id);
       op->handle = handle;
       asio::post(io, [this, op] { start_op(op); });
     }
@@ -493,8 +495,8 @@ uint32_t Client::shards() const { return static_cast<uint32_t>(impl_->links.size
 uint32_t Client::groups() const { return impl_->options.groups; }
 uint32_t Client::group() const { return impl_->group; }
 const ClientOptions& Client::options() const { return impl_->options; }
-ChunkPlan Client::plan(uint64_t count, DType dtype) const {
-  return ChunkPlan(count * dtype_size(dtype), dtype, shards(), impl_->plan_settings);
+ChunkPlan Client::plan(uint64_t count, DType dtype, uint64_t op) const {
+  return ChunkPlan(count * dtype_size(dtype), dtype, shards(), impl_->plan_settings, op);
 }
 
 }  // namespace tally

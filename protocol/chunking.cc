@@ -14,12 +14,21 @@ uint64_t max_piece_elements(uint64_t max_chunk_bytes, DType dtype) {
   return std::max<uint64_t>(1, max_chunk_bytes / (esize == 2 ? 4 : esize));
 }
 
-ChunkPlan::ChunkPlan(uint64_t nbytes, DType dtype, uint32_t shards, const PlanSettings& settings)
+ChunkPlan::ChunkPlan(uint64_t nbytes, DType dtype, uint32_t shards, const PlanSettings& settings,
+                     uint64_t op)
     : esize_(dtype_size(dtype)), shards_(shards) {
   TALLY_CHECK(esize_ > 0 && shards > 0);
   elements_ = nbytes / esize_;
-  base_ = elements_ / shards_;
-  rem_ = static_cast<uint32_t>(elements_ % shards_);
+  spread_ = shards_;
+  if (settings.chunk_bytes == 0 && settings.min_shard_bytes > 0) {
+    const uint64_t bytes = elements_ * esize_;
+    const uint64_t wanted =
+        bytes / settings.min_shard_bytes + (bytes % settings.min_shard_bytes != 0);
+    spread_ = static_cast<uint32_t>(std::clamp<uint64_t>(wanted, 1, shards_));
+  }
+  first_ = spread_ < shards_ ? static_cast<uint32_t>(op % shards_) : 0;
+  base_ = elements_ / spread_;
+  rem_ = static_cast<uint32_t>(elements_ % spread_);
   if (settings.chunk_bytes > 0) {
     piece_ = std::max<uint64_t>(1, settings.chunk_bytes / esize_);
   } else {
@@ -34,49 +43,57 @@ ChunkPlan::ChunkPlan(uint64_t nbytes, DType dtype, uint32_t shards, const PlanSe
   big_pieces_ = pieces_of(base_ + 1);
   small_pieces_ = pieces_of(base_);
   // No wrap: pieces <= elements.
-  count_ = big_pieces_ * rem_ + small_pieces_ * (shards_ - rem_);
+  count_ = big_pieces_ * rem_ + small_pieces_ * (spread_ - rem_);
+}
+
+uint32_t ChunkPlan::range_of(uint32_t shard) const {
+  TALLY_CHECK(shard < shards_);
+  const uint32_t range = (shard + shards_ - first_) % shards_;
+  return range < spread_ ? range : spread_;
 }
 
 uint64_t ChunkPlan::first_chunk(uint32_t shard) const {
-  TALLY_CHECK(shard < shards_);
-  const uint64_t big = std::min(shard, rem_);
-  return big * big_pieces_ + (shard - big) * small_pieces_;
+  const uint32_t range = range_of(shard);
+  const uint64_t big = std::min(range, rem_);
+  return big * big_pieces_ + (range - big) * small_pieces_;
 }
 
 uint64_t ChunkPlan::chunks_on_shard(uint32_t shard) const {
-  TALLY_CHECK(shard < shards_);
-  return shard < rem_ ? big_pieces_ : small_pieces_;
+  const uint32_t range = range_of(shard);
+  if (range == spread_) return 0;
+  return range < rem_ ? big_pieces_ : small_pieces_;
 }
 
 uint64_t ChunkPlan::shard_offset(uint32_t shard) const {
-  TALLY_CHECK(shard < shards_);
-  return (shard * base_ + std::min(shard, rem_)) * esize_;
+  const uint32_t range = range_of(shard);
+  if (range == spread_) return 0;
+  return (range * base_ + std::min(range, rem_)) * esize_;
 }
 
 uint64_t ChunkPlan::shard_bytes(uint32_t shard) const {
-  TALLY_CHECK(shard < shards_);
-  return range_elements(shard) * esize_;
+  const uint32_t range = range_of(shard);
+  if (range == spread_) return 0;
+  return range_elements(range) * esize_;
 }
 
 ChunkExtent ChunkPlan::chunk(uint64_t index) const {
   TALLY_CHECK(index < count_);
   const uint64_t in_big = big_pieces_ * rem_;
-  uint32_t shard;
-  uint64_t k;  // the piece's index within its shard
+  uint32_t range;
+  uint64_t k;  // the piece's index within its range
   if (index < in_big) {
-    shard = static_cast<uint32_t>(index / big_pieces_);
+    range = static_cast<uint32_t>(index / big_pieces_);
     k = index % big_pieces_;
   } else {
     // small_pieces_ > 0 here: every index past in_big is a short range's piece.
-    shard = rem_ + static_cast<uint32_t>((index - in_big) / small_pieces_);
+    range = rem_ + static_cast<uint32_t>((index - in_big) / small_pieces_);
     k = (index - in_big) % small_pieces_;
   }
-  const uint64_t range = range_elements(shard);
   ChunkExtent e;
   e.index = static_cast<uint32_t>(index);
-  e.shard = shard;
-  e.offset = shard_offset(shard) + k * piece_ * esize_;
-  e.length = std::min(piece_, range - k * piece_) * esize_;
+  e.shard = static_cast<uint32_t>((first_ + range) % shards_);
+  e.offset = (range * base_ + std::min(range, rem_)) * esize_ + k * piece_ * esize_;
+  e.length = std::min(piece_, range_elements(range) - k * piece_) * esize_;
   return e;
 }
 

@@ -1,7 +1,9 @@
-// ChunkPlan: every op spreads over all shards in contiguous, element-aligned,
-// near-equal ranges; each range is cut into pieces sized by the tensor
-// (automatic) or by TALLY_CHUNK_BYTES (override); chunks tile the tensor in
-// index order, shard after shard.
+// ChunkPlan: an op spreads over one shard per kPlanMinShardBytes (all of
+// them from S times that, or with TALLY_CHUNK_BYTES), in contiguous,
+// element-aligned, near-equal ranges, a small op's first range on shard
+// op % S; each range is cut into pieces sized by the tensor (automatic) or by
+// TALLY_CHUNK_BYTES (override); chunks tile the tensor in index order, range
+// after range.
 #include "tally/protocol/chunking.h"
 
 #include <gtest/gtest.h>
@@ -23,12 +25,14 @@ struct PlanCase {
   DType dtype;
   uint32_t shards;
   uint64_t chunk_bytes;  // 0: automatic
+  uint64_t op = 0;       // the op's number
 };
 
 std::string plan_name(const PlanCase& c) {
   return c.label + "_" + std::to_string(c.nbytes) + "B_e" + std::to_string(dtype_size(c.dtype)) +
          "_S" + std::to_string(c.shards) +
-         (c.chunk_bytes ? "_c" + std::to_string(c.chunk_bytes) : "_auto");
+         (c.chunk_bytes ? "_c" + std::to_string(c.chunk_bytes) : "_auto") + "_op" +
+         std::to_string(c.op);
 }
 
 std::vector<PlanCase> plan_cases() {
@@ -38,7 +42,10 @@ std::vector<PlanCase> plan_cases() {
       const uint64_t e = dtype_size(dtype);
       for (uint64_t chunk : {uint64_t{0}, uint64_t{4096}, 13 * e, uint64_t{4095}, e - 1}) {
         auto add = [&](const std::string& label, uint64_t nbytes) {
-          out.push_back({label, nbytes, dtype, shards, chunk});
+          // Op 7: a small op's ranges start past shard 0 (and wrap) at S > 1.
+          for (uint64_t op : {uint64_t{0}, uint64_t{7}}) {
+            out.push_back({label, nbytes, dtype, shards, chunk, op});
+          }
         };
         add("Empty", 0);
         add("OneElement", e);
@@ -46,6 +53,7 @@ std::vector<PlanCase> plan_cases() {
         add("ExactlyShardsElements", shards * e);
         add("ShardsPlusOneElement", (shards + 1) * e);
         add("Prime", 7919 * e);
+        add("JustOverTheShardFloor", kPlanMinShardBytes + e);
         add("PrimeLarge", 1000003 * e);
         if (chunk >= 4096 || chunk == 0) {
           add("OneMiB", MiB);
@@ -67,8 +75,14 @@ PlanSettings settings_for(const PlanCase& c) {
 // separate CTest entries they cost minutes of process start-up per build.
 void check_tiles(const PlanCase& c) {
   const uint64_t e = dtype_size(c.dtype);
-  const ChunkPlan plan(c.nbytes, c.dtype, c.shards, settings_for(c));
+  const ChunkPlan plan(c.nbytes, c.dtype, c.shards, settings_for(c), c.op);
   const uint64_t elements = c.nbytes / e;
+  const uint64_t floors = (c.nbytes + kPlanMinShardBytes - 1) / kPlanMinShardBytes;
+  const uint32_t spread = c.chunk_bytes > 0
+                              ? c.shards
+                              : static_cast<uint32_t>(std::clamp<uint64_t>(floors, 1, c.shards));
+  ASSERT_EQ(plan.spread(), spread);
+  const uint32_t first = spread < c.shards ? c.op % c.shards : 0;
 
   EXPECT_EQ(plan.nbytes(), c.nbytes);
   EXPECT_EQ(plan.shards(), c.shards);
@@ -80,17 +94,24 @@ void check_tiles(const PlanCase& c) {
     EXPECT_LE(plan.piece_bytes(), kPlanMaxPieceBytes);
   }
 
-  // Shard ranges: contiguous, in shard order, near-equal (within one element).
+  // Ranges: contiguous, range j on shard (first + j) % S, near-equal (within
+  // one element); the shards past the spread get nothing.
   uint64_t expect_offset = 0;
   uint64_t total_chunks = 0;
-  for (uint32_t s = 0; s < c.shards; ++s) {
-    ASSERT_EQ(plan.shard_offset(s), expect_offset) << "shard " << s;
+  for (uint32_t j = 0; j < c.shards; ++j) {
+    const uint32_t s = (first + j) % c.shards;
     const uint64_t range = plan.shard_bytes(s);
+    if (j >= spread) {
+      EXPECT_EQ(range, 0u) << "shard " << s;
+      EXPECT_EQ(plan.chunks_on_shard(s), 0u) << "shard " << s;
+      continue;
+    }
+    ASSERT_EQ(plan.shard_offset(s), expect_offset) << "shard " << s;
     ASSERT_EQ(range % e, 0u);
-    EXPECT_EQ(range / e, elements / c.shards + (s < elements % c.shards ? 1 : 0)) << "shard " << s;
+    EXPECT_EQ(range / e, elements / spread + (j < elements % spread ? 1 : 0)) << "shard " << s;
     EXPECT_EQ(plan.first_chunk(s), total_chunks) << "shard " << s;
-    // A shard gets nothing only when there are fewer elements than shards.
-    if (elements >= c.shards) {
+    // A range is empty only when there are fewer elements than ranges.
+    if (elements >= spread) {
       EXPECT_GT(plan.chunks_on_shard(s), 0u) << "shard " << s;
     }
     EXPECT_EQ(plan.chunks_on_shard(s) == 0, range == 0) << "shard " << s;
@@ -130,8 +151,8 @@ void check_tiles(const PlanCase& c) {
 // The plan depends on its inputs only: built again (another rank) and
 // asked in another order (as a retransmit would), it gives the same chunks.
 void check_same_plan(const PlanCase& c) {
-  const ChunkPlan a(c.nbytes, c.dtype, c.shards, settings_for(c));
-  const ChunkPlan b(c.nbytes, c.dtype, c.shards, settings_for(c));
+  const ChunkPlan a(c.nbytes, c.dtype, c.shards, settings_for(c), c.op);
+  const ChunkPlan b(c.nbytes, c.dtype, c.shards, settings_for(c), c.op);
   ASSERT_EQ(a.chunk_count(), b.chunk_count());
   for (uint64_t k = a.chunk_count(); k-- > 0;) {
     const ChunkExtent x = a.chunk(k), y = b.chunk(k);
@@ -224,7 +245,8 @@ TEST(ChunkPlan, OverrideCutsEachShardRangeIntoExactPieces) {
 }
 
 TEST(ChunkPlan, FewerElementsThanShardsGivesOneElementToTheFirstShards) {
-  const ChunkPlan plan(3 * 4, DType::kFloat32, 5);
+  // With every op over all S (a floor of 0).
+  const ChunkPlan plan(3 * 4, DType::kFloat32, 5, {.min_shard_bytes = 0});
   ASSERT_EQ(plan.chunk_count(), 3u);
   for (uint32_t s = 0; s < 3; ++s) {
     EXPECT_EQ(plan.chunks_on_shard(s), 1u);
@@ -234,6 +256,35 @@ TEST(ChunkPlan, FewerElementsThanShardsGivesOneElementToTheFirstShards) {
   EXPECT_EQ(plan.chunks_on_shard(3), 0u);
   EXPECT_EQ(plan.chunks_on_shard(4), 0u);
   EXPECT_EQ(plan.first_chunk(4), 3u);
+}
+
+TEST(ChunkPlan, SmallOpsReachOneShardPerFloorTakingTurnsByOpNumber) {
+  static_assert(kPlanMinShardBytes == 16 * KiB, "the sizes below are in floors");
+  // 4 KiB at S = 4: one shard, the op's number mod 4, one piece.
+  for (uint64_t op = 0; op < 8; ++op) {
+    const ChunkPlan plan(4 * KiB, DType::kFloat32, 4, {}, op);
+    EXPECT_EQ(plan.spread(), 1u);
+    ASSERT_EQ(plan.chunk_count(), 1u);
+    EXPECT_EQ(plan.chunk(0).shard, op % 4);
+    EXPECT_EQ(plan.chunk(0).length, 4 * KiB);
+    for (uint32_t s = 0; s < 4; ++s) EXPECT_EQ(plan.chunks_on_shard(s), s == op % 4 ? 1u : 0u);
+  }
+  // 48 KiB, op 3: three ranges of 16 KiB on shards 3, 0, 1 (wrapping); 2 idle.
+  const ChunkPlan three(48 * KiB, DType::kFloat32, 4, {}, 3);
+  EXPECT_EQ(three.spread(), 3u);
+  EXPECT_EQ(three.chunk(0).shard, 3u);
+  EXPECT_EQ(three.chunk(0).offset, 0u);
+  EXPECT_EQ(three.shard_offset(0), 16 * KiB);
+  EXPECT_EQ(three.shard_offset(1), 32 * KiB);
+  EXPECT_EQ(three.shard_bytes(2), 0u);
+  EXPECT_EQ(three.first_chunk(2), three.chunk_count());
+  // From S floors up every shard takes part, shard 0 first, whatever the op.
+  const ChunkPlan all(64 * KiB, DType::kFloat32, 4, {}, 5);
+  EXPECT_EQ(all.spread(), 4u);
+  EXPECT_EQ(all.chunk(0).shard, 0u);
+  // The override, or a floor of 0, spreads even 4 KiB over all S.
+  EXPECT_EQ(ChunkPlan(4 * KiB, DType::kFloat32, 4, {.chunk_bytes = 512}, 1).spread(), 4u);
+  EXPECT_EQ(ChunkPlan(4 * KiB, DType::kFloat32, 4, {.min_shard_bytes = 0}, 1).spread(), 4u);
 }
 
 TEST(ChunkPlan, HugeTensorsCountChunksWithoutOverflow) {

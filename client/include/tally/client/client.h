@@ -223,9 +223,9 @@ class Client {
   uint32_t groups() const;
   uint32_t group() const;
   const ClientOptions& options() const;
-  // The chunk plan this client uses for `count` elements of `dtype` (the
-  // settings the pool's Welcomes gave included).
-  ChunkPlan plan(uint64_t count, DType dtype) const;
+  // The chunk plan this client uses for op number `op` of `count` elements
+  // of `dtype` (the settings the pool's Welcomes gave included).
+  ChunkPlan plan(uint64_t count, DType dtype, uint64_t op) const;
 
   struct Impl;
 

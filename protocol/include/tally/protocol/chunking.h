@@ -1,11 +1,16 @@
 // How an op's tensor is cut into pieces ("chunks") and spread over shards.
 //
-// The plan is a pure function of (nbytes, dtype, S, PlanSettings), so every
-// rank computes the same one (docs/architecture.md, "The chunk plan"):
+// The plan is a pure function of (nbytes, dtype, S, PlanSettings, op), so
+// every rank computes the same one (docs/architecture.md, "The chunk plan"):
 //
-// 1. Every op spreads over all S shards. Its E elements are split into S
-//    contiguous ranges of E / S elements, the first E % S shards taking one
-//    more; so a shard gets nothing only when E < S.
+// 1. An op spreads over n = min(S, ceil(nbytes / min_shard_bytes)) shards
+//    (all S with `chunk_bytes` set or min_shard_bytes 0): a small op goes to
+//    fewer reducers, as each one it reaches costs every rank a frame and a
+//    wake-up. Its E elements are split into n contiguous ranges of E / n
+//    elements, the first E % n ranges taking one more. Range j goes to shard
+//    (first + j) % S, first = op % S when n < S (so small ops take turns
+//    over the shards) and 0 when n = S. A shard gets nothing when it has no
+//    range or when E < n.
 // 2. Each shard's range is cut into pieces of P elements (the last piece of a
 //    range may be shorter). Automatic: P = clamp(ceil(R / target_pieces),
 //    min_piece, max_piece), R the largest range, so a shard's pipeline has
@@ -13,9 +18,9 @@
 //    but no piece is so small that per-frame cost dominates. With
 //    `chunk_bytes` set (TALLY_CHUNK_BYTES) P is exactly that many bytes,
 //    rounded down to whole elements (at least one).
-// 3. Chunks are numbered shard after shard: shard 0's pieces first, in offset
-//    order, then shard 1's; so chunk k+1 starts where chunk k ends, and the
-//    chunks tile the tensor in index order.
+// 3. Chunks are numbered range after range: range 0's pieces first, in
+//    offset order, then range 1's; so chunk k+1 starts where chunk k ends,
+//    and the chunks tile the tensor in index order.
 //
 // A tensor of 0 bytes has no chunks.
 #pragma once
@@ -32,6 +37,7 @@ namespace tally {
 inline constexpr uint32_t kPlanTargetPieces = 16;            // per shard
 inline constexpr uint64_t kPlanMinPieceBytes = 64u << 10;    // per-frame cost floor
 inline constexpr uint64_t kPlanMaxPieceBytes = 1u << 20;     // keeps byte windows a few pieces deep
+inline constexpr uint64_t kPlanMinShardBytes = 16u << 10;    // per reducer an op reaches
 inline constexpr uint64_t kDefaultMaxChunkBytes = 4u << 20;  // the reducer's --max-chunk-bytes
 // The largest --max-chunk-bytes a reducer may have (so the largest data frame
 // a worker may be sent, known before the Welcome says the actual limit).
@@ -51,6 +57,9 @@ struct PlanSettings {
   uint32_t target_pieces = kPlanTargetPieces;
   uint64_t min_piece_bytes = kPlanMinPieceBytes;
   uint64_t max_piece_bytes = kPlanMaxPieceBytes;  // automatic plans only
+  // Automatic plans only: an op reaches one shard per this many bytes (at
+  // least one, at most S); 0: every op reaches all S.
+  uint64_t min_shard_bytes = kPlanMinShardBytes;
 };
 
 struct ChunkExtent {
@@ -63,11 +72,15 @@ struct ChunkExtent {
 class ChunkPlan {
  public:
   // Requires a known dtype and shards > 0. `nbytes` is rounded down to
-  // whole elements.
-  ChunkPlan(uint64_t nbytes, DType dtype, uint32_t shards, const PlanSettings& settings = {});
+  // whole elements. `op`: the op's number, which picks the first shard of an
+  // op that reaches fewer than S.
+  ChunkPlan(uint64_t nbytes, DType dtype, uint32_t shards, const PlanSettings& settings = {},
+            uint64_t op = 0);
 
   uint64_t nbytes() const { return elements_ * esize_; }
   uint32_t shards() const { return shards_; }
+  // How many shards the op reaches (its ranges), 1..shards().
+  uint32_t spread() const { return spread_; }
   // Bytes of a full piece (every piece but a range's last is full).
   uint64_t piece_bytes() const { return piece_ * esize_; }
   uint64_t chunk_count() const { return count_; }
@@ -78,19 +91,24 @@ class ChunkPlan {
   // Index of `shard`'s first chunk (its chunks are the next
   // chunks_on_shard(shard) indices); requires shard < shards().
   uint64_t first_chunk(uint32_t shard) const;
-  // The bytes [offset, offset + length) of the tensor that `shard` owns.
+  // The bytes [offset, offset + length) of the tensor that `shard` owns
+  // (0 bytes, at offset 0, for a shard the op does not reach).
   uint64_t shard_offset(uint32_t shard) const;
   uint64_t shard_bytes(uint32_t shard) const;
 
  private:
-  uint64_t range_elements(uint32_t shard) const { return base_ + (shard < rem_ ? 1 : 0); }
+  // The range `shard` holds, or spread_ when it holds none.
+  uint32_t range_of(uint32_t shard) const;
+  uint64_t range_elements(uint32_t range) const { return base_ + (range < rem_ ? 1 : 0); }
   uint64_t pieces_of(uint64_t range) const { return range / piece_ + (range % piece_ != 0); }
 
   uint64_t esize_;
   uint64_t elements_;
   uint32_t shards_;
+  uint32_t spread_;      // ranges, 1..shards_
+  uint32_t first_;       // the shard of range 0
   uint64_t base_;        // elements of a short range
-  uint32_t rem_;         // shards with base_ + 1 elements (the first ones)
+  uint32_t rem_;         // ranges with base_ + 1 elements (the first ones)
   uint64_t piece_;       // elements of a full piece, >= 1
   uint64_t big_pieces_;  // pieces of a range of base_ + 1 elements
   uint64_t small_pieces_;
