@@ -165,9 +165,14 @@ void Client::Impl::start_op(const std::shared_ptr<Op>& op) {
 }
 
 void Client::Impl::fail_op(std::shared_ptr<Op> op, const Status& status) {
-  if (op->failed || op->finished) return;
-  op->failed = true;
-  op->failure = status;
+  if (op->failed || op->unheld || op->finished) return;
+  if (op->holding) {
+    // Its results are all in: it ends well, without waiting for a Released.
+    op->unheld = true;
+  } else {
+    op->failed = true;
+    op->failure = status;
+  }
   if (op->deadline) op->deadline->cancel();
   if (op->plan) {
     for (uint64_t k = 0; k < op->got.size(); ++k) {
@@ -213,12 +218,22 @@ void Client::Impl::maybe_finish(std::shared_ptr<Op> op) {
     if (op->sending_on[s] || op->receiving_on[s]) return;
   }
   if (!op->failed && op->results != (op->plan ? op->plan->chunk_count() : 0)) return;
+  if (!op->failed && !op->unheld && holds(*op) && op->id >= released_below()) {
+    if (!op->holding) {
+      // The reducers release it once every rank has said so: now, not
+      // after the next ops (the caller may be waiting for this one).
+      op->holding = true;
+      finished_since_received += op->plan->nbytes();
+      note_received();
+    }
+    return;
+  }
   op->finished = true;
   if (op->failed) last_failure = op->failure;
   if (op->deadline) op->deadline->cancel();
   if (op->drain) op->drain->cancel();
   ops.erase(op->id);
-  if (!op->failed) keep(op);
+  if (!op->failed && !holds(*op)) keep(op);
   if (!op->staging.empty() && spare_staging.size() < kSpareStagingKept) {
     spare_staging.push_back(std::move(op->staging));
   }
@@ -226,7 +241,7 @@ void Client::Impl::maybe_finish(std::shared_ptr<Op> op) {
   // A kept op holds its results' copy only, not the caller's handle (nor a
   // fused call's staging buffers in it).
   op->handle.reset();
-  if (op->plan) finished_since_received += op->plan->nbytes();
+  if (op->plan && !op->holding) finished_since_received += op->plan->nbytes();
   note_received();
 }
 
@@ -341,8 +356,10 @@ Client::~Client() {
   for (auto& [id, op] : impl_->ops) {
     if (op->finished) continue;
     op->finished = true;
-    op->handle->end_one(op->failed
-                            ? op->failure
+    // A held op has its results: only its release was still to come.
+    op->handle->end_one(op->failed ? op->failure
+                        : op->holding
+                            ? Status::ok()
                             : Status(ErrorCode::kCancelled,
                                      "client closed with op " + std::to_string(id) + " in flight"));
   }

@@ -23,6 +23,17 @@ std::span<std::byte> client_internal::result_span(Op& op, const ChunkExtent& e) 
   return {base + e.offset * scale, e.length * scale};
 }
 
+bool Client::Impl::holds(const Op& op) const {
+  return options.resume_bytes > 0 && options.groups == 1 && op.plan &&
+         op.plan->nbytes() * (op.wide_result ? 2 : 1) >= client_internal::kHoldResultsBytes;
+}
+
+uint64_t Client::Impl::released_below() const {
+  uint64_t below = 0;
+  for (auto& link : links) below = std::max(below, link->released_below);
+  return below;
+}
+
 void Client::Impl::keep(const std::shared_ptr<Op>& kept_op) {
   Op& op = *kept_op;
   if (options.resume_bytes == 0 || options.groups > 1 || !op.plan) return;
@@ -40,6 +51,19 @@ void Client::Impl::keep(const std::shared_ptr<Op>& kept_op) {
     return;
   }
   keeping_refused = false;
+  // The smallest spare that holds it.
+  auto fits = spare_kept.end();
+  for (auto it = spare_kept.begin(); it != spare_kept.end(); ++it) {
+    if (it->capacity() >= results.size() &&
+        (fits == spare_kept.end() || it->capacity() < fits->capacity())) {
+      fits = it;
+    }
+  }
+  if (fits != spare_kept.end()) {
+    spare_kept_bytes -= fits->capacity();
+    op.kept = std::move(*fits);
+    spare_kept.erase(fits);
+  }
   op.kept.assign(results.begin(), results.end());
   kept_bytes += op.kept.size();
   kept.emplace(op.id, kept_op);
@@ -48,8 +72,7 @@ void Client::Impl::keep(const std::shared_ptr<Op>& kept_op) {
 void Client::Impl::trim_kept() {
   // A Released from any reducer says every rank has every result of the
   // ops below it (Received counts all of a rank's results, on every shard).
-  uint64_t below = 0;
-  for (auto& link : links) below = std::max(below, link->released_below);
+  const uint64_t below = released_below();
   for (auto it = kept.begin(); it != kept.end() && it->first < below;) {
     Op& op = *it->second;
     const bool busy =
@@ -60,12 +83,30 @@ void Client::Impl::trim_kept() {
       continue;
     }
     kept_bytes -= op.kept.size();
+    recycle_kept(std::move(op.kept));
     it = kept.erase(it);
   }
 }
 
+void Client::Impl::recycle_kept(std::vector<std::byte> buffer) {
+  if (buffer.capacity() == 0) return;
+  spare_kept_bytes += buffer.capacity();
+  spare_kept.push_back(std::move(buffer));
+  // Spares and kept results together stay within TALLY_RESUME_BYTES; the
+  // oldest spare goes first.
+  while (!spare_kept.empty() && (spare_kept.size() > client_internal::kSpareKeptBuffers ||
+                                 kept_bytes + spare_kept_bytes > options.resume_bytes)) {
+    spare_kept_bytes -= spare_kept.front().capacity();
+    spare_kept.erase(spare_kept.begin());
+  }
+}
+
 uint64_t Client::Impl::received_mark() const {
-  return ops.empty() ? started_below : std::min(started_below, ops.begin()->first);
+  // A held op has every result.
+  for (auto& [id, op] : ops) {
+    if (!op->holding) return std::min(started_below, id);
+  }
+  return started_below;
 }
 
 void Client::Impl::note_received() {
@@ -86,6 +127,12 @@ void Client::Impl::on_released(uint32_t shard, uint64_t op_below) {
   ShardLink& link = *links[shard];
   link.released_below = std::max(link.released_below, op_below);
   trim_kept();
+  // The held ops it releases end.
+  std::vector<std::shared_ptr<Op>> released;
+  for (auto it = ops.begin(); it != ops.end() && it->first < op_below; ++it) {
+    if (it->second->holding) released.push_back(it->second);
+  }
+  for (auto& op : released) maybe_finish(op);
   if (link.resyncing) {
     link.resyncing = false;
     resend(shard, op_below);

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <future>
 #include <string>
 #include <thread>
@@ -38,45 +39,48 @@ wire::Control received(uint64_t op_below) {
   return m;
 }
 
-// Reducers are SIGKILLed and restarted at their addresses while every rank
-// keeps several ops in flight: every op completes, and every sum is exact.
-TEST(Resume, KilledReducerRestartedMidOpsCompletesEveryOpExactly) {
-  TestCluster cluster(PoolSpec{.shards = 2});
-  ASSERT_TRUE(cluster.ok()) << cluster.error();
-  constexpr uint32_t kWorld = 3;
-  constexpr int kOps = 400;
-  constexpr size_t kDepth = 4;
-  constexpr int kKills = 3;
-  auto clients = connect_all(cluster, unique_job("resume-kill"), kWorld);
-  ASSERT_EQ(clients.size(), kWorld);
+// Reducers with room for 4 MiB chunks, for ops large enough to be held.
+PoolSpec large_ops_pool(uint32_t shards) {
+  PoolSpec spec{.shards = shards};
+  spec.reducer_args = {"--max-chunk-bytes", "4MiB", "--memory-budget", "64MiB",
+                       "--io-threads",      "2",    "--log-level",     "info"};
+  return spec;
+}
+
+// Every rank keeps `depth` ops in flight, op i of `floats(i)` elements,
+// while the reducers are SIGKILLed and restarted `kills` times (spread over
+// the ops, alternating shards): every op must end well, its sum exact, and
+// a reducer must have logged a resume.
+void train_through_kills(TestCluster& cluster, std::vector<std::unique_ptr<Client>>& clients,
+                         int ops, size_t depth, const std::function<size_t(int)>& floats,
+                         int kills) {
+  const uint32_t world = static_cast<uint32_t>(clients.size());
   std::atomic<int> finished{0};  // rank 0's ops that have ended
   std::thread killer([&] {
-    for (int k = 0; k < kKills; ++k) {
-      const int at = (k + 1) * kOps / (kKills + 1);
+    for (int k = 0; k < kills; ++k) {
+      const int at = (k + 1) * ops / (kills + 1);
       if (!eventually([&] { return finished.load() >= at; }, 60s)) return;
       cluster.kill_reducer(k % 2, SIGKILL);
       EXPECT_TRUE(cluster.restart_reducer(k % 2).is_ok());
     }
   });
-  on_every_rank(kWorld, [&](uint32_t r) {
+  on_every_rank(world, [&](uint32_t r) {
     std::deque<std::pair<std::vector<float>, OpHandle>> inflight;
     auto end_oldest = [&] {
       auto& [data, handle] = inflight.front();
       const auto s = handle.wait_for(30s);
       ASSERT_TRUE(s.has_value()) << "op " << handle.op().value_or(0) << " still in flight";
       EXPECT_TRUE(s->is_ok()) << "op " << handle.op().value_or(0) << ": " << s->to_string();
-      EXPECT_EQ(bench::count_wrong(data.data(), data.size(), kWorld, RedOp::kSum), 0u)
+      EXPECT_EQ(bench::count_wrong(data.data(), data.size(), world, RedOp::kSum), 0u)
           << "op " << handle.op().value_or(0);
       inflight.pop_front();
       if (r == 0) finished++;
     };
-    for (int i = 0; i < kOps; ++i) {
-      // 1 to 16 chunks on each shard (1 KiB chunks).
-      auto& [data, handle] =
-          inflight.emplace_back(std::vector<float>(1 + (i % 8) * 1000), OpHandle());
+    for (int i = 0; i < ops; ++i) {
+      auto& [data, handle] = inflight.emplace_back(std::vector<float>(floats(i)), OpHandle());
       bench::fill_pattern(data.data(), data.size(), r);
       handle = clients[r]->allreduce_async(data.data(), data.size(), DType::kFloat32, RedOp::kSum);
-      if (inflight.size() >= kDepth) end_oldest();
+      if (inflight.size() >= depth) end_oldest();
     }
     while (!inflight.empty()) end_oldest();
   });
@@ -84,6 +88,34 @@ TEST(Resume, KilledReducerRestartedMidOpsCompletesEveryOpExactly) {
   const std::string logs = cluster.reducer_log(0) + cluster.reducer_log(1);
   EXPECT_TRUE(contains(logs, "resumed"));
   if (::testing::Test::HasFailure()) ADD_FAILURE() << "reducer logs:\n" << logs;
+}
+
+// Reducers are SIGKILLed and restarted at their addresses while every rank
+// keeps several ops in flight: every op completes, and every sum is exact.
+TEST(Resume, KilledReducerRestartedMidOpsCompletesEveryOpExactly) {
+  TestCluster cluster(PoolSpec{.shards = 2});
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  auto clients = connect_all(cluster, unique_job("resume-kill"), 3);
+  ASSERT_EQ(clients.size(), 3u);
+  // 1 to 16 chunks on each shard (1 KiB chunks).
+  train_through_kills(
+      cluster, clients, 400, 4, [](int i) { return 1 + (i % 8) * 1000; }, 3);
+}
+
+// Ops of 4 MiB and more are not copied when they end: each ends once a
+// reducer has released it, its results still in the caller's buffer for
+// replays. With room for no copy at all (TALLY_RESUME_BYTES of 1 byte),
+// they survive kills all the same.
+TEST(Resume, LargeOpsHeldUntilReleasedSurviveKillsWithoutCopies) {
+  TestCluster cluster(large_ops_pool(2));
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  auto clients = connect_all(cluster, unique_job("resume-held"), 3, [](ClientOptions& o, uint32_t) {
+    o.chunk_bytes = 0;  // the automatic plan: 64 KiB to 1 MiB pieces
+    o.resume_bytes = 1;
+  });
+  ASSERT_EQ(clients.size(), 3u);
+  train_through_kills(
+      cluster, clients, 24, 2, [](int i) { return (1 << 20) + (i % 3) * 100003; }, 2);
 }
 
 // The rank that has a chunk's result replays it, and the rank that does not
@@ -146,6 +178,71 @@ std::string released_payload(uint64_t op_below) {
   wire::Control m;
   m.mutable_released()->set_op_below(op_below);
   return m.SerializeAsString();
+}
+
+// An op of 4 MiB or more is held, not copied: it ends only once a reducer
+// has released it, and until then its results in the caller's buffer are
+// what a replay sends. Rank 1, a raw peer, never says it has the result, so
+// the op stays held; the reducer is killed, and the restarted one gets the
+// result from rank 0's buffer (there is room for no copy: 1 byte).
+TEST(Resume, AHeldOpIsReplayedFromTheCallersBufferAndEndsWhenReleased) {
+  TestCluster cluster(large_ops_pool(1));
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  const std::string job = unique_job("resume-held-replay");
+  const std::string address = cluster.addresses()[0];
+  constexpr uint64_t kCount = uint64_t{1} << 20;  // 4 MiB: one chunk of the whole
+  std::vector<float> a(kCount), x(kCount), y(kCount, -7.0f);
+  for (uint64_t i = 0; i < kCount; ++i) {
+    a[i] = static_cast<float>(i % 4096);
+    x[i] = static_cast<float>(1000 + i % 1024);
+  }
+  FrameHeader h;
+  h.kind = FrameKind::kContribution;
+  h.dtype = DType::kFloat32;
+  h.rank = 1;
+  h.job = job_id(job);
+  h.op = 0;
+  h.count = kCount;
+  h.chunk = 0;
+  h.chunks_on_shard = 1;
+  h.length = kCount * sizeof(float);
+  wire::Control hello = raw_hello(job, 1, 2);
+  hello.mutable_hello()->add_group_sizes(2);
+  RawPeer first(address);
+  first.send_control(hello);
+  first.send_frame(h, bytes_of(x));
+  auto client = connect_all(cluster, job, 1, [](ClientOptions& o, uint32_t) {
+    o.world_size = 2;
+    o.chunk_bytes = kCount * sizeof(float);
+    o.resume_bytes = 1;
+  });
+  ASSERT_EQ(client.size(), 1u);
+  std::vector<float> expect(kCount);
+  for (uint64_t i = 0; i < kCount; ++i) expect[i] = a[i] + x[i];
+  const std::string sum = bytes_of(expect);
+  OpHandle op = client[0]->allreduce_async(a.data(), kCount, DType::kFloat32, RedOp::kSum);
+  std::string got;
+  ASSERT_TRUE(first.received_within(sum, 10s, &got));
+  // Rank 0 has the result too (the reducer sent both), but rank 1 has not
+  // said so: the op is held.
+  ASSERT_TRUE(eventually([&] { return bytes_of(a) == sum; }, 5s));
+  EXPECT_FALSE(op.wait_for(200ms).has_value()) << "the op ended before it was released";
+
+  cluster.kill_reducer(0, SIGKILL);
+  ASSERT_TRUE(cluster.restart_reducer(0).is_ok());
+  RawPeer again(address);
+  hello.mutable_hello()->set_resume(true);
+  again.send_control(hello);
+  again.send_control(received(0));
+  again.send_frame(h, bytes_of(y));
+  std::string after;
+  EXPECT_TRUE(again.received_within(sum, 10s, &after)) << after.size() << " bytes came";
+  // Rank 1 has it now: the reducer releases op 0, and rank 0's op ends.
+  again.send_control(received(1));
+  const auto ended = op.wait_for(5s);
+  ASSERT_TRUE(ended.has_value()) << "still held after the release";
+  EXPECT_TRUE(ended->is_ok()) << ended->to_string();
+  EXPECT_EQ(bytes_of(a), sum);
 }
 
 // A reducer releases the ops below the least Received mark of the job's
