@@ -121,6 +121,15 @@ void Job::leave(const JobMember* member, const Status& why, Departure how) {
   const uint32_t rank = member->rank();
   if (rank >= members_.size() || members_[rank].get() != member) return;
   members_[rank] = nullptr;
+  // A rank that left needs no replay in this job (a lost one never comes
+  // back to it: every later op fails), so the others' results are released
+  // without waiting for its mark; a worker holding a large op until its
+  // release (docs/protocol.md, "Resuming") then ends it now.
+  if (rank < received_.size()) {
+    if (auto released = note_mark_locked(rank, std::numeric_limits<uint64_t>::max())) {
+      for (auto& m : members_locked()) m->send_control(released);
+    }
+  }
   if (std::none_of(members_.begin(), members_.end(), [](auto& m) { return m != nullptr; })) {
     memberless_since_ = Clock::now();
   }
@@ -435,40 +444,45 @@ void Job::on_received(uint32_t rank, uint64_t op_below) {
   {
     std::lock_guard lock(mu_);
     if (rank >= received_.size()) return;
-    const bool first = !reported_[rank];
-    if (first) {
-      reported_[rank] = true;
-      ++reported_count_;
-    }
-    const uint64_t before = received_[rank];
-    if (op_below <= before && !first) return;
-    received_[rank] = std::max(before, op_below);
-    // The least mark is known once every rank of the group has joined and
-    // said its mark; the first time, every member is told it even if it is
-    // 0: a worker that resumed sends nothing before it knows which of its
-    // kept results someone still needs (docs/protocol.md, "Resuming").
-    if (joined_.size() < local_size_ || reported_count_ < local_size_) return;
-    const bool announce = !marks_known_;
-    marks_known_ = true;
-    if (announce) {
-      not_above_released_ = -1;
-    } else if (not_above_released_ > 0 && before <= released_ && received_[rank] > released_) {
-      --not_above_released_;
-    }
-    if (not_above_released_ > 0) return;
-    // Counted again only when the mark may move: O(group) per advance.
-    uint64_t least = std::numeric_limits<uint64_t>::max();
-    for (uint32_t r : joined_) least = std::min(least, received_[r]);
-    not_above_released_ = 0;
-    for (uint32_t r : joined_) not_above_released_ += received_[r] <= least;
-    if (least <= released_ && !announce) return;
-    released_ = std::max(released_, least);
-    auto control = std::make_shared<wire::Control>();
-    control->mutable_released()->set_op_below(released_);
-    message = std::move(control);
+    message = note_mark_locked(rank, op_below);
+    if (!message) return;
     members = members_locked();
   }
   for (auto& m : members) m->send_control(message);
+}
+
+std::shared_ptr<const wire::Control> Job::note_mark_locked(uint32_t rank, uint64_t op_below) {
+  const bool first = !reported_[rank];
+  if (first) {
+    reported_[rank] = true;
+    ++reported_count_;
+  }
+  const uint64_t before = received_[rank];
+  if (op_below <= before && !first) return nullptr;
+  received_[rank] = std::max(before, op_below);
+  // The least mark is known once every rank of the group has joined and
+  // said its mark; the first time, every member is told it even if it is
+  // 0: a worker that resumed sends nothing before it knows which of its
+  // kept results someone still needs (docs/protocol.md, "Resuming").
+  if (joined_.size() < local_size_ || reported_count_ < local_size_) return nullptr;
+  const bool announce = !marks_known_;
+  marks_known_ = true;
+  if (announce) {
+    not_above_released_ = -1;
+  } else if (not_above_released_ > 0 && before <= released_ && received_[rank] > released_) {
+    --not_above_released_;
+  }
+  if (not_above_released_ > 0) return nullptr;
+  // Counted again only when the mark may move: O(group) per advance.
+  uint64_t least = std::numeric_limits<uint64_t>::max();
+  for (uint32_t r : joined_) least = std::min(least, received_[r]);
+  not_above_released_ = 0;
+  for (uint32_t r : joined_) not_above_released_ += received_[r] <= least;
+  if (least <= released_ && !announce) return nullptr;
+  released_ = std::max(released_, least);
+  auto control = std::make_shared<wire::Control>();
+  control->mutable_released()->set_op_below(released_);
+  return control;
 }
 
 std::string Job::history_of(const std::vector<uint32_t>& ranks) const {

@@ -11,6 +11,7 @@
 #include <deque>
 #include <functional>
 #include <future>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -182,67 +183,94 @@ std::string released_payload(uint64_t op_below) {
 
 // An op of 4 MiB or more is held, not copied: it ends only once a reducer
 // has released it, and until then its results in the caller's buffer are
-// what a replay sends. Rank 1, a raw peer, never says it has the result, so
-// the op stays held; the reducer is killed, and the restarted one gets the
-// result from rank 0's buffer (there is room for no copy: 1 byte).
-TEST(Resume, AHeldOpIsReplayedFromTheCallersBufferAndEndsWhenReleased) {
-  TestCluster cluster(large_ops_pool(1));
-  ASSERT_TRUE(cluster.ok()) << cluster.error();
-  const std::string job = unique_job("resume-held-replay");
-  const std::string address = cluster.addresses()[0];
-  constexpr uint64_t kCount = uint64_t{1} << 20;  // 4 MiB: one chunk of the whole
-  std::vector<float> a(kCount), x(kCount), y(kCount, -7.0f);
-  for (uint64_t i = 0; i < kCount; ++i) {
-    a[i] = static_cast<float>(i % 4096);
-    x[i] = static_cast<float>(1000 + i % 1024);
-  }
-  FrameHeader h;
-  h.kind = FrameKind::kContribution;
-  h.dtype = DType::kFloat32;
-  h.rank = 1;
-  h.job = job_id(job);
-  h.op = 0;
-  h.count = kCount;
-  h.chunk = 0;
-  h.chunks_on_shard = 1;
-  h.length = kCount * sizeof(float);
-  wire::Control hello = raw_hello(job, 1, 2);
-  hello.mutable_hello()->add_group_sizes(2);
-  RawPeer first(address);
-  first.send_control(hello);
-  first.send_frame(h, bytes_of(x));
-  auto client = connect_all(cluster, job, 1, [](ClientOptions& o, uint32_t) {
-    o.world_size = 2;
-    o.chunk_bytes = kCount * sizeof(float);
-    o.resume_bytes = 1;
-  });
-  ASSERT_EQ(client.size(), 1u);
-  std::vector<float> expect(kCount);
-  for (uint64_t i = 0; i < kCount; ++i) expect[i] = a[i] + x[i];
-  const std::string sum = bytes_of(expect);
-  OpHandle op = client[0]->allreduce_async(a.data(), kCount, DType::kFloat32, RedOp::kSum);
-  std::string got;
-  ASSERT_TRUE(first.received_within(sum, 10s, &got));
-  // Rank 0 has the result too (the reducer sent both), but rank 1 has not
-  // said so: the op is held.
-  ASSERT_TRUE(eventually([&] { return bytes_of(a) == sum; }, 5s));
-  EXPECT_FALSE(op.wait_for(200ms).has_value()) << "the op ended before it was released";
+// what a replay sends. Here rank 1 is a raw peer that never says it has the
+// result of op 0, so rank 0 (a Client with room for no copy: 1 byte) holds
+// it; each test then ends the hold its own way.
+class HeldOp : public ::testing::Test {
+ protected:
+  static constexpr uint64_t kCount = uint64_t{1} << 20;  // 4 MiB: one chunk of the whole
 
+  void SetUp() override {
+    ASSERT_TRUE(cluster.ok()) << cluster.error();
+    for (uint64_t i = 0; i < kCount; ++i) {
+      a[i] = static_cast<float>(i % 4096);
+      x[i] = static_cast<float>(1000 + i % 1024);
+      expect[i] = a[i] + x[i];
+    }
+    sum = bytes_of(expect);
+    h.kind = FrameKind::kContribution;
+    h.dtype = DType::kFloat32;
+    h.rank = 1;
+    h.job = job_id(job);
+    h.op = 0;
+    h.count = kCount;
+    h.chunk = 0;
+    h.chunks_on_shard = 1;
+    h.length = kCount * sizeof(float);
+    hello.mutable_hello()->add_group_sizes(2);
+    peer.emplace(address);
+    peer->send_control(hello);
+    peer->send_frame(h, bytes_of(x));
+    client = connect_all(cluster, job, 1, [](ClientOptions& o, uint32_t) {
+      o.world_size = 2;
+      o.chunk_bytes = kCount * sizeof(float);
+      o.resume_bytes = 1;
+    });
+    ASSERT_EQ(client.size(), 1u);
+    op = client[0]->allreduce_async(a.data(), kCount, DType::kFloat32, RedOp::kSum);
+    std::string got;
+    ASSERT_TRUE(peer->received_within(sum, 10s, &got));
+    // Rank 0 has the result too (the reducer sent both), but rank 1 has not
+    // said so: the op is held.
+    ASSERT_TRUE(eventually([&] { return bytes_of(a) == sum; }, 5s));
+    ASSERT_FALSE(op.wait_for(200ms).has_value()) << "the op ended before it was released";
+  }
+
+  TestCluster cluster{large_ops_pool(1)};
+  const std::string job = unique_job("resume-held");
+  const std::string address = cluster.addresses()[0];
+  std::vector<float> a = std::vector<float>(kCount), x = std::vector<float>(kCount),
+                     expect = std::vector<float>(kCount);
+  std::string sum;
+  FrameHeader h;
+  wire::Control hello = raw_hello(job, 1, 2);
+  std::optional<RawPeer> peer;
+  std::vector<std::unique_ptr<Client>> client;
+  OpHandle op;
+};
+
+// The reducer is killed: the restarted one gets the result from rank 0's
+// buffer, and rank 0's op ends once rank 1 says it has it.
+TEST_F(HeldOp, IsReplayedFromTheCallersBufferAndEndsWhenReleased) {
   cluster.kill_reducer(0, SIGKILL);
   ASSERT_TRUE(cluster.restart_reducer(0).is_ok());
   RawPeer again(address);
   hello.mutable_hello()->set_resume(true);
   again.send_control(hello);
   again.send_control(received(0));
+  const std::vector<float> y(kCount, -7.0f);
   again.send_frame(h, bytes_of(y));
   std::string after;
   EXPECT_TRUE(again.received_within(sum, 10s, &after)) << after.size() << " bytes came";
-  // Rank 1 has it now: the reducer releases op 0, and rank 0's op ends.
   again.send_control(received(1));
   const auto ended = op.wait_for(5s);
   ASSERT_TRUE(ended.has_value()) << "still held after the release";
   EXPECT_TRUE(ended->is_ok()) << ended->to_string();
   EXPECT_EQ(bytes_of(a), sum);
+}
+
+// Rank 1 is lost before it says it has the result: it will never need a
+// replay (the job has failed), so the reducer releases op 0 at once and
+// rank 0's op ends well, its result intact; the next op names the lost rank.
+TEST_F(HeldOp, EndsAtOnceWhenTheRankWithoutItsMarkIsLost) {
+  peer.reset();  // closed without a goodbye
+  const auto ended = op.wait_for(5s);
+  ASSERT_TRUE(ended.has_value()) << "still held though rank 1 is gone";
+  EXPECT_TRUE(ended->is_ok()) << ended->to_string();
+  EXPECT_EQ(bytes_of(a), sum);
+  const Status next = client[0]->allreduce(a.data(), 16, DType::kFloat32, RedOp::kSum);
+  EXPECT_EQ(next.code(), ErrorCode::kPeerLost) << next.to_string();
+  EXPECT_TRUE(contains(next.message(), "rank 1")) << next.to_string();
 }
 
 // A reducer releases the ops below the least Received mark of the job's

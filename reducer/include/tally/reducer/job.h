@@ -235,6 +235,9 @@ class Job : public std::enable_shared_from_this<Job> {
   void fail_op_locked(uint64_t op, const Status& status, const std::vector<uint32_t>& ranks,
                       Forward forward = Forward::kYes);
   // Fails every op in flight here; mu_ held.
+  // on_received's bookkeeping under mu_: the Released to send every
+  // member, or null when the least mark has not moved.
+  std::shared_ptr<const wire::Control> note_mark_locked(uint32_t rank, uint64_t op_below);
   void fail_all_ops_locked(const Status& status, const std::vector<uint32_t>& ranks,
                            Forward forward);
   void finish(const std::shared_ptr<Chunk>& chunk);
