@@ -228,6 +228,14 @@ void Client::Impl::maybe_finish(std::shared_ptr<Op> op) {
     }
     return;
   }
+  if (op->holding && !op->unheld) {
+    // Released: its replays still queued are needed by no one, and those
+    // sent wait for their answers (on_data_header ends it after the last).
+    drop_queued(op);
+    for (size_t s = 0; s < links.size(); ++s) {
+      if (op->unanswered[s]) return;
+    }
+  }
   op->finished = true;
   if (op->failed) last_failure = op->failure;
   if (op->deadline) op->deadline->cancel();

@@ -175,6 +175,9 @@ struct Client::Impl {
   uint64_t released_below() const;
   // Drops the kept ops every reducer has released.
   void trim_kept();
+  // Removes `op`'s chunks still queued on every link (replays of a released
+  // op, which no rank needs).
+  void drop_queued(const std::shared_ptr<Op>& op);
   // Takes a released op's results buffer for reuse, or frees it.
   void recycle_kept(std::vector<std::byte> buffer);
   // Queues chunk `index` of `op` on `link`: a contribution, whose result's

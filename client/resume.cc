@@ -82,10 +82,15 @@ void Client::Impl::trim_kept() {
       ++it;
       continue;
     }
+    drop_queued(it->second);  // a queued replay would read the recycled buffer
     kept_bytes -= op.kept.size();
     recycle_kept(std::move(op.kept));
     it = kept.erase(it);
   }
+}
+
+void Client::Impl::drop_queued(const std::shared_ptr<Op>& op) {
+  for (auto& link : links) std::erase_if(link->queue, [&](auto& entry) { return entry.op == op; });
 }
 
 void Client::Impl::recycle_kept(std::vector<std::byte> buffer) {
@@ -115,7 +120,10 @@ void Client::Impl::note_received() {
   // wait a few ops longer, bounded by the bytes below.
   const uint64_t mark = received_mark();
   if (mark <= received_sent) return;
-  if (mark - received_sent < kReceivedEveryOps && finished_since_received < kReceivedEveryBytes) {
+  // The ops left below the mark are held: their callers wait for this one.
+  const bool held = !ops.empty() && ops.begin()->first < mark;
+  if (!held && mark - received_sent < kReceivedEveryOps &&
+      finished_since_received < kReceivedEveryBytes) {
     return;
   }
   received_sent = mark;

@@ -84,6 +84,7 @@ PayloadAction ShardLink::on_data_header(const FrameHeader& h) {
       inflight_bytes -= bytes;
       client_.pump(*this);
       client_.trim_kept();
+      if (op->holding) client_.maybe_finish(op);  // a released op waits for these answers
       return PayloadAction::discard();
     }
   }

@@ -107,6 +107,13 @@ Status Job::join(const std::shared_ptr<JobMember>& member) {
   members_[rank] = member;
   if (joined_.insert(rank).second) not_above_released_ = -1;
   departed_.erase(rank);
+  if (received_[rank] == std::numeric_limits<uint64_t>::max()) {
+    // Back after leaving (leave): it has no results until it says so.
+    received_[rank] = 0;
+    reported_[rank] = false;
+    --reported_count_;
+    not_above_released_ = -1;
+  }
   if (marks_known_) {
     // After its Welcome (posted behind it): where the job's marks stand.
     auto released = std::make_shared<wire::Control>();

@@ -295,6 +295,38 @@ TEST(Resume, ReleasedIsTheLeastReceivedMarkOfTheRanks) {
   EXPECT_FALSE(p0.received_within(released_payload(9), 500ms, &got0));
 }
 
+// A rank that leaves counts as having every result, so the others are
+// released without it; back in the job it has none until it says so.
+TEST(Resume, ARankThatLeftIsReleasedWithoutItAndCountedAgainWhenBack) {
+  TestCluster cluster(PoolSpec{.shards = 1});
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  const std::string job = unique_job("resume-left");
+  const std::string address = cluster.addresses()[0];
+  RawPeer p0(address);
+  std::optional<RawPeer> p1(address);
+  p0.send_control(raw_hello(job, 0, 2));
+  p1->send_control(raw_hello(job, 1, 2));
+  p0.send_control(received(5));
+  p1->send_control(received(3));
+  std::string got0, got1;
+  ASSERT_TRUE(p0.received_within(released_payload(3), 5s, &got0));
+  // Read all it was sent, so its close is an orderly one (unread bytes
+  // would make it a reset, a lost rank, which fails the job).
+  ASSERT_TRUE(p1->received_within(released_payload(3), 5s, &got1));
+  wire::Control bye;
+  bye.mutable_goodbye()->set_reason("done");
+  p1->send_control(bye);
+  p1.reset();  // a client closes its stream after its goodbye
+  EXPECT_TRUE(p0.received_within(released_payload(5), 5s, &got0)) << "not released without rank 1";
+  p1.emplace(address);
+  p1->send_control(raw_hello(job, 1, 2));
+  p0.send_control(received(8));
+  EXPECT_FALSE(p0.received_within(released_payload(8), 500ms, &got0))
+      << "released past a rank that has said no mark since it came back";
+  p1->send_control(received(7));
+  EXPECT_TRUE(p0.received_within(released_payload(7), 5s, &got0));
+}
+
 // A reducer stopped (SIGSTOP) past the workers' peer timeout and then
 // continued: the workers reconnect to it and go on, and every op of theirs
 // completes.
