@@ -138,7 +138,7 @@ class OffLoopback : public ::testing::TestWithParam<std::string> {
     for (uint32_t r = 0; r < world; ++r) {
       std::string out;
       auto st = ranks[r]->wait(30s, &out);
-      EXPECT_EQ(st, std::optional<int>(0)) << tag << " rank " << r << ":\n" << out;
+      EXPECT_EQ(st, std::optional<int>(0)) << tag << " rank " << r << ":\n" << out << reducer_log();
       EXPECT_TRUE(contains(out, "op 5 ok hash ") && contains(out, "\nok\n")) << out;
       if (GetParam() == "fabric") {
         // The worker's endpoint sits on its veth address, not on loopback.
