@@ -34,6 +34,21 @@ std::string bytes_of(const std::vector<float>& v) {
   return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
 }
 
+// Rank `rank`'s contribution to op 0 of `count` floats, in one chunk.
+FrameHeader whole_op_contribution(const std::string& job, uint32_t rank, uint64_t count) {
+  FrameHeader h;
+  h.kind = FrameKind::kContribution;
+  h.dtype = DType::kFloat32;
+  h.rank = rank;
+  h.job = job_id(job);
+  h.op = 0;
+  h.count = count;
+  h.chunk = 0;
+  h.chunks_on_shard = 1;
+  h.length = count * sizeof(float);
+  return h;
+}
+
 wire::Control received(uint64_t op_below) {
   wire::Control m;
   m.mutable_received()->set_op_below(op_below);
@@ -135,16 +150,7 @@ TEST(Resume, ARankWithoutTheResultGetsTheReplayedBytes) {
     a[i] = static_cast<float>(i);
     x[i] = static_cast<float>(1000 + i);
   }
-  FrameHeader h;
-  h.kind = FrameKind::kContribution;
-  h.dtype = DType::kFloat32;
-  h.rank = 1;
-  h.job = job_id(job);
-  h.op = 0;
-  h.count = kCount;
-  h.chunk = 0;
-  h.chunks_on_shard = 1;
-  h.length = kCount * sizeof(float);
+  const FrameHeader h = whole_op_contribution(job, 1, kCount);
 
   // The Hello a client of a one-group pool sends: one group of 2.
   wire::Control hello = raw_hello(job, 1, 2);
@@ -198,15 +204,6 @@ class HeldOp : public ::testing::Test {
       expect[i] = a[i] + x[i];
     }
     sum = bytes_of(expect);
-    h.kind = FrameKind::kContribution;
-    h.dtype = DType::kFloat32;
-    h.rank = 1;
-    h.job = job_id(job);
-    h.op = 0;
-    h.count = kCount;
-    h.chunk = 0;
-    h.chunks_on_shard = 1;
-    h.length = kCount * sizeof(float);
     hello.mutable_hello()->add_group_sizes(2);
     peer.emplace(address);
     peer->send_control(hello);
@@ -232,7 +229,7 @@ class HeldOp : public ::testing::Test {
   std::vector<float> a = std::vector<float>(kCount), x = std::vector<float>(kCount),
                      expect = std::vector<float>(kCount);
   std::string sum;
-  FrameHeader h;
+  const FrameHeader h = whole_op_contribution(job, 1, kCount);
   wire::Control hello = raw_hello(job, 1, 2);
   std::optional<RawPeer> peer;
   std::vector<std::unique_ptr<Client>> client;
