@@ -63,6 +63,22 @@ PoolSpec large_ops_pool(uint32_t shards) {
   return spec;
 }
 
+// Kills shard 0's reducer, restarts it, and resumes rank 1 (a raw peer) as
+// a resuming worker does: Hello, its Received mark (it has finished no op),
+// and, once the reducer's Released says no op is released, its chunk again
+// (sending it at once is the same to the reducer). Null if no restart.
+std::unique_ptr<RawPeer> restart_and_resume(TestCluster& cluster, wire::Control hello,
+                                            const FrameHeader& h, const std::vector<float>& y) {
+  cluster.kill_reducer(0, SIGKILL);
+  if (!cluster.restart_reducer(0).is_ok()) return nullptr;
+  auto peer = std::make_unique<RawPeer>(cluster.addresses()[0]);
+  hello.mutable_hello()->set_resume(true);
+  peer->send_control(hello);
+  peer->send_control(received(0));
+  peer->send_frame(h, bytes_of(y));
+  return peer;
+}
+
 // Every rank keeps `depth` ops in flight, op i of `floats(i)` elements,
 // while the reducers are SIGKILLed and restarted `kills` times (spread over
 // the ops, alternating shards): every op must end well, its sum exact, and
@@ -166,18 +182,10 @@ TEST(Resume, ARankWithoutTheResultGetsTheReplayedBytes) {
   ASSERT_TRUE(first.received_within(sum, 5s, &got));
 
   // Rank 0 has finished op 0; rank 1 is taken to have lost its result.
-  cluster.kill_reducer(0, SIGKILL);
-  ASSERT_TRUE(cluster.restart_reducer(0).is_ok());
-  // As a resuming worker does: Hello, its Received mark (it has finished
-  // no op), and, once the reducer's Released says no op is released, the
-  // chunk again (sending it at once is the same to the reducer).
-  RawPeer again(address);
-  hello.mutable_hello()->set_resume(true);
-  again.send_control(hello);
-  again.send_control(received(0));
-  again.send_frame(h, bytes_of(y));
+  auto again = restart_and_resume(cluster, hello, h, y);
+  ASSERT_TRUE(again);
   std::string after;
-  EXPECT_TRUE(again.received_within(sum, 10s, &after)) << after.size() << " bytes came";
+  EXPECT_TRUE(again->received_within(sum, 10s, &after)) << after.size() << " bytes came";
   EXPECT_TRUE(eventually([&] { return contains(cluster.reducer_log(0), "resumed"); }, 5s));
 }
 
@@ -239,17 +247,11 @@ class HeldOp : public ::testing::Test {
 // The reducer is killed: the restarted one gets the result from rank 0's
 // buffer, and rank 0's op ends once rank 1 says it has it.
 TEST_F(HeldOp, IsReplayedFromTheCallersBufferAndEndsWhenReleased) {
-  cluster.kill_reducer(0, SIGKILL);
-  ASSERT_TRUE(cluster.restart_reducer(0).is_ok());
-  RawPeer again(address);
-  hello.mutable_hello()->set_resume(true);
-  again.send_control(hello);
-  again.send_control(received(0));
-  const std::vector<float> y(kCount, -7.0f);
-  again.send_frame(h, bytes_of(y));
+  auto again = restart_and_resume(cluster, hello, h, std::vector<float>(kCount, -7.0f));
+  ASSERT_TRUE(again);
   std::string after;
-  EXPECT_TRUE(again.received_within(sum, 10s, &after)) << after.size() << " bytes came";
-  again.send_control(received(1));
+  EXPECT_TRUE(again->received_within(sum, 10s, &after)) << after.size() << " bytes came";
+  again->send_control(received(1));
   const auto ended = op.wait_for(5s);
   ASSERT_TRUE(ended.has_value()) << "still held after the release";
   EXPECT_TRUE(ended->is_ok()) << ended->to_string();
