@@ -22,7 +22,7 @@ namespace {
 
 using namespace std::chrono_literals;
 
-// Short liveness settings so a cut link is noticed in about a second (3 s
+// Short liveness settings so a cut link is noticed in about a second (8 s
 // under TSan, where a fabric endpoint takes longer than 1 s to open).
 constexpr auto kHeartbeat = 100ms;
 constexpr auto kPeerTimeout = kSlowdown * 1000ms;
