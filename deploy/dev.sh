@@ -123,7 +123,11 @@ case "$cmd" in
     build build-asan -DTALLY_SANITIZE=address
     run_tests build-asan -LE "python|helm|extended"
     build build-tsan -DTALLY_SANITIZE=thread
-    run_tests build-tsan -LE "python|helm|extended"
+    # Not the fabric tests under TSan: libfabric is not instrumented, and a
+    # TSan-built rank opens its endpoint 5x slower (1-2.5 s, over 3 s beside
+    # another test), so their 4 s op timeouts failed on a loaded 2-core VM
+    # (8 in one CI run, 2 in a quiet rerun). Plain and ASan+UBSan run them.
+    run_tests build-tsan -LE "python|helm|extended|fabric"
     # The libFuzzer targets (docs/fuzzing.md): a clang build of them alone,
     # each fuzzing for TALLY_FUZZ_SECONDS (CI's time budget; the longer run
     # is documented there) and replaying its committed seeds.
