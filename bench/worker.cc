@@ -218,14 +218,17 @@ int run_worker(const SweepOptions& sweep) {
           rr.measured.worker_out = (after[i].worker_out - before[i].worker_out) / n;
           rr.measured.replica_in = (after[i].replica_in - before[i].replica_in) / n;
           rr.measured.replica_out = (after[i].replica_out - before[i].replica_out) / n;
-          // A small op's plan turns over the shards with its number: the
-          // mean over the timed ops.
-          for (int i = 0; i < sweep.iters; ++i) {
+          // A small op's plan turns over the shards with its number (op %
+          // S): the mean over the timed ops, one plan per turn weighed by
+          // how many timed ops take it.
+          const int turns = std::min<int>(sweep.iters, static_cast<int>(client.shards()));
+          for (int i = 0; i < turns; ++i) {
+            const double ops = (sweep.iters - i + turns - 1) / turns;
             const Expected e = expected_bytes(client.plan(count, *dtype, first_timed + i), esize, s,
                                               g, group_sizes);
-            rr.expected.worker += e.worker / n;
-            rr.expected.replica_in += e.replica_in / n;
-            rr.expected.replica_out += e.replica_out / n;
+            rr.expected.worker += e.worker * ops / n;
+            rr.expected.replica_in += e.replica_in * ops / n;
+            rr.expected.replica_out += e.replica_out * ops / n;
           }
           row.reducers.push_back(rr);
         }

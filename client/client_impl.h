@@ -168,6 +168,9 @@ struct Client::Impl {
   uint64_t received_mark() const;
   // Keeps a copy of a finished op's results, within options.resume_bytes.
   void keep(const std::shared_ptr<Op>& op);
+  // Whether finished ops' results are kept for replays at all (resuming on,
+  // one replica group).
+  bool keeps_results() const;
   // Whether `op`, its results in, ends only once a reducer has released it
   // (its results then stay in the caller's buffer for replays, uncopied).
   bool holds(const Op& op) const;

@@ -23,8 +23,10 @@ std::span<std::byte> client_internal::result_span(Op& op, const ChunkExtent& e) 
   return {base + e.offset * scale, e.length * scale};
 }
 
+bool Client::Impl::keeps_results() const { return options.resume_bytes > 0 && options.groups == 1; }
+
 bool Client::Impl::holds(const Op& op) const {
-  return options.resume_bytes > 0 && options.groups == 1 && op.plan &&
+  return keeps_results() && op.plan &&
          op.plan->nbytes() * (op.wide_result ? 2 : 1) >= client_internal::kHoldResultsBytes;
 }
 
@@ -36,7 +38,7 @@ uint64_t Client::Impl::released_below() const {
 
 void Client::Impl::keep(const std::shared_ptr<Op>& kept_op) {
   Op& op = *kept_op;
-  if (options.resume_bytes == 0 || options.groups > 1 || !op.plan) return;
+  if (!keeps_results() || !op.plan) return;
   const ChunkExtent whole{0, 0, 0, op.plan->nbytes()};
   const std::span<std::byte> results = result_span(op, whole);
   if (kept_bytes + results.size() > options.resume_bytes) {
