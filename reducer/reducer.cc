@@ -196,7 +196,8 @@ void Reducer::Impl::on_accept(asio::ip::tcp::socket socket) {
     }
   }
   ConnectionOptions copts = options.connection;
-  copts.write_timeout = copts.peer_timeout;  // workers and replicas read what we send them
+  copts.write_timeout = copts.peer_timeout;           // workers and replicas read what we send them
+  copts.first_frame_timeout = options.hello_timeout;  // the hello deadline governs until then
   auto conn = make_connection(fabric, std::move(socket), copts);
   std::weak_ptr<Impl> weak = shared_from_this();
   auto stream = std::make_shared<InboundStream>(

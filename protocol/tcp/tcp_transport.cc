@@ -242,6 +242,7 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
     if (closed_) return;
     if (ec) return fail(from_asio(ec, "reading from", peer_));
     last_rx_ = Clock::now();
+    heard_ = true;
     auto decoded =
         decode_header(std::span<const std::byte, kFrameHeaderBytes>(header_bytes_), limits_);
     if (!decoded) {
@@ -392,7 +393,9 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
 
   void on_timer() {
     const auto now = Clock::now();
-    if (!paused_ && now - last_rx_ > options_.peer_timeout) {
+    const auto allowed = heard_ ? options_.peer_timeout
+                                : std::max(options_.peer_timeout, options_.first_frame_timeout);
+    if (!paused_ && now - last_rx_ > allowed) {
       auto silent = std::chrono::duration_cast<std::chrono::milliseconds>(now - last_rx_);
       return fail(Status(ErrorCode::kPeerLost, "no data or heartbeat from " + peer_ + " for " +
                                                    std::to_string(silent.count()) + " ms"));
@@ -445,6 +448,7 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
   bool writing_ = false;
 
   Clock::time_point last_rx_;
+  bool heard_ = false;  // a frame header has arrived (options_.first_frame_timeout)
   Clock::time_point last_tx_;
   uint64_t heartbeat_seq_ = 0;
 };

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "harness.h"
+#include "raw_peer.h"
 
 namespace tally::testing {
 namespace {
@@ -274,6 +275,31 @@ TEST(Fault, DuplicateRankIsRefused) {
   EXPECT_TRUE(contains(out.out, "already_exists")) << out.out;
   EXPECT_TRUE(contains(out.out, "rank 0")) << out.out;
   first.terminate(100ms);
+}
+
+// Before its first frame a stream may be silent for as long as the hello
+// deadline allows, not only the peer timeout: a fabric worker opens its
+// endpoint between its TCP connect and its Hello and says nothing meanwhile
+// (1-2.5 s under TSan). Once it has said hello, the peer timeout holds.
+TEST(Fault, SilenceBeforeTheHelloIsBoundedByTheHelloDeadlineNotThePeerTimeout) {
+  PoolSpec spec;
+  spec.reducer_args.insert(spec.reducer_args.end(), {"--peer-timeout-ms", "300", "--heartbeat-ms",
+                                                     "100", "--hello-timeout-ms", "10000"});
+  TestCluster cluster(spec);
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  const std::string job = unique_job("slow-hello");
+  RawPeer peer(cluster.addresses()[0]);
+  // Four peer timeouts of silence: the condition under test, so a wait
+  // that expects no event.
+  std::string early;
+  EXPECT_FALSE(peer.closed_within(1200ms, &early)) << early.size() << " bytes came";
+  peer.send_control(raw_hello(job, 0, 1));
+  EXPECT_TRUE(eventually([&] { return contains(cluster.reducer_log(0), "rank 0/1"); }, 5s))
+      << cluster.reducer_log(0);
+  EXPECT_TRUE(peer.closed_within(5s)) << "silent after its hello, and not closed";
+  EXPECT_TRUE(
+      eventually([&] { return contains(cluster.reducer_log(0), "no data or heartbeat from"); }, 5s))
+      << cluster.reducer_log(0);
 }
 
 // Established TCP connections on loopback whose local port is `port` (the

@@ -38,8 +38,13 @@ TEST(Fault, GarbageAndHostileFramesCloseOnlyThatConnection) {
   ASSERT_TRUE(cluster.ok()) << cluster.error();
   const std::string address = cluster.addresses()[0];
 
-  // A stalled peer that sends half a header is dropped by the peer timeout.
+  // A peer that has spoken (a heartbeat) and stalls halfway through its
+  // next header is dropped by the peer timeout (before its first frame the
+  // hello timeout bounds its silence: Fault.SilenceBeforeTheHello...).
   RawPeer stalled(address);
+  wire::Control first;
+  first.mutable_heartbeat()->set_sequence(1);
+  stalled.send_control(first);
   stalled.send("TALY", 4);
   // A peer that keeps sending heartbeats but never says hello is dropped by
   // the hello timeout.

@@ -85,6 +85,12 @@ struct ConnectionOptions {
   std::chrono::milliseconds heartbeat_interval{1000};
   // A stream that delivers nothing for this long while being read is dead.
   std::chrono::milliseconds peer_timeout{10000};
+  // Before the peer's first frame it may be silent this long instead, where
+  // that is longer. The reducer sets its hello deadline, which governs a
+  // stream that has not said hello: a worker opening its fabric endpoint
+  // between its TCP connect and its Hello says nothing meanwhile (1-2.5 s
+  // under TSan), and a short peer timeout closed it before it joined.
+  std::chrono::milliseconds first_frame_timeout{0};
   // A frame whose write has not completed this long after it began means a
   // peer that does not read: the stream is closed (0: no deadline). The
   // reducer sets it on the streams it accepts, whose peers always read;
