@@ -17,25 +17,7 @@
 #include "tally/bench/local_pool.h"
 #include "tally/bench/process.h"
 
-#if defined(__SANITIZE_THREAD__)
-#define TALLY_TEST_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define TALLY_TEST_TSAN 1
-#endif
-#endif
-
 namespace tally::testing {
-
-// Under ThreadSanitizer a worker opens its fabric endpoint, between its TCP
-// connect and its Hello, in 1-2.5 s on a 2-core VM (about 5x a plain
-// build), and in over 3 s beside another such test: peer timeouts shorter
-// than that close it before it joins.
-#ifdef TALLY_TEST_TSAN
-inline constexpr int kSlowdown = 8;
-#else
-inline constexpr int kSlowdown = 1;
-#endif
 
 using Args = std::vector<std::string>;
 using Env = std::map<std::string, std::string>;
