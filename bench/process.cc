@@ -223,19 +223,29 @@ ScratchDir::~ScratchDir() {
   std::filesystem::remove_all(path_, ec);
 }
 
-std::optional<uint64_t> process_rss_bytes(pid_t pid) {
+namespace {
+
+// A "<field>: <n> kB" line of /proc/<pid>/status, in bytes.
+std::optional<uint64_t> status_bytes(pid_t pid, const std::string& field) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/status");
   std::string line;
   while (std::getline(in, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) {
+    if (line.rfind(field, 0) == 0 && line.size() > field.size() && line[field.size()] == ':') {
+      const char* begin = line.c_str() + field.size() + 1;
       char* end = nullptr;
-      const unsigned long long kb = std::strtoull(line.c_str() + 6, &end, 10);  // "<n> kB"
-      if (end == line.c_str() + 6) return std::nullopt;
+      const unsigned long long kb = std::strtoull(begin, &end, 10);
+      if (end == begin) return std::nullopt;
       return uint64_t{kb} * 1024;
     }
   }
   return std::nullopt;
 }
+
+}  // namespace
+
+std::optional<uint64_t> process_rss_bytes(pid_t pid) { return status_bytes(pid, "VmRSS"); }
+
+std::optional<uint64_t> process_peak_rss_bytes(pid_t pid) { return status_bytes(pid, "VmHWM"); }
 
 std::optional<uint32_t> process_open_fds(pid_t pid) {
   std::error_code ec;

@@ -40,6 +40,10 @@ constexpr std::chrono::milliseconds kSweepInterval{100};
 // /healthz fails when the 100 ms sweep has not run for this long: I/O thread
 // 0 is wedged (50 missed sweeps; loaded machines delay timers by far less).
 constexpr std::chrono::milliseconds kStalledSweep{5000};
+// Control frames queued for all streams' peers, beyond 16 KiB per stream
+// (kControlBytesFloor): a reducer's memory outside its --memory-budget is
+// bounded whatever its peers do (docs/architecture.md, "Memory").
+constexpr size_t kReducerControlBudgetBytes = 32u << 20;
 
 namespace {
 
@@ -353,6 +357,9 @@ Result<std::unique_ptr<Reducer>> Reducer::start(const ReducerOptions& options) {
                             .with_context("--tcp-congestion"));
   auto impl = std::make_shared<Impl>();
   impl->context->options = options;
+  // Every stream's queued control frames together (transport.h).
+  impl->context->options.connection.control_budget =
+      std::make_shared<ControlBudget>(kReducerControlBudgetBytes);
   if (options.transport == "fabric") {
     auto fabric = Fabric::open(options.fabric);
     if (!fabric) return fabric.status();

@@ -37,10 +37,6 @@ constexpr size_t kScratchBytes = 64u << 10;
 // How long a stream whose write failed keeps reading what the peer sent
 // before it (the goodbye that says why the peer left, typically).
 constexpr std::chrono::milliseconds kDrainDeadline{1000};
-// Control bytes a stream may have queued for its peer. Data payloads are
-// slabs the memory budget bounds; control frames are copies, and a peer
-// that never reads must not make them grow without bound.
-constexpr size_t kMaxQueuedControlBytes = 4u << 20;
 
 // asio::transfer_all() hands the socket at most 64 KiB per call, so a 1 MiB
 // chunk took 16 sendmsg calls and as many trips through epoll. Writes offer
@@ -89,6 +85,14 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
     limits_.max_data_bytes = options_.max_data_bytes;
   }
 
+  // Frames still queued (a write the executor never completed) give back
+  // what they drew on the shared budget.
+  ~TcpConnection() override {
+    if (const size_t drawn = drawn_from(queued_control_bytes_); drawn > 0) {
+      options_.control_budget->give(drawn);
+    }
+  }
+
   asio::any_io_executor executor() override { return socket_.get_executor(); }
 
   void start(std::shared_ptr<FrameHandler> handler) override {
@@ -125,14 +129,11 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
     out.header = encode_header(h);
     out.payload = {reinterpret_cast<const std::byte*>(out.owned.data()), out.owned.size()};
     out.done = std::move(done);
-    if (queued_control_bytes_ + out.owned.size() > kMaxQueuedControlBytes) {
-      Status why(ErrorCode::kPeerLost,
-                 peer_ + " does not read: " + std::to_string(queued_control_bytes_) +
-                     " bytes of control messages wait for it");
+    out.charged = out.owned.size() + kQueuedFrameOverhead;
+    if (Status why = charge(out.charged); !why.is_ok()) {
       if (out.done) out.done(why);
       return fail(why);
     }
-    queued_control_bytes_ += out.owned.size();
     queue_.push_back(std::move(out));
     if (!writing_) write_next();
   }
@@ -172,7 +173,7 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
     while (queue_.size() > keep) {
       Outgoing out = std::move(queue_.back());
       queue_.pop_back();
-      queued_control_bytes_ -= out.owned.size();
+      discharge(out.charged);
       if (out.done) out.done(reason);
     }
     auto handler = std::move(handler_);
@@ -201,7 +202,42 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
     std::vector<char> owned;  // control frames own their payload
     std::span<const std::byte> payload;
     SendDone done;
+    size_t charged = 0;  // against the control queue's caps
   };
+
+  // Charges a control frame's cost to this stream and, beyond its floor, to
+  // the shared budget; a refusal is the reason to close the stream.
+  Status charge(size_t cost) {
+    if (queued_control_bytes_ + cost > kMaxQueuedControlBytes) {
+      return Status(ErrorCode::kPeerLost,
+                    peer_ + " does not read: " + std::to_string(queued_control_bytes_) +
+                        " bytes of control messages wait for it");
+    }
+    const size_t drawn =
+        drawn_from(queued_control_bytes_ + cost) - drawn_from(queued_control_bytes_);
+    if (drawn > 0 && !options_.control_budget->take(drawn)) {
+      return Status(ErrorCode::kPeerLost,
+                    peer_ + " does not read: " + std::to_string(queued_control_bytes_) +
+                        " bytes of control messages wait for it, and the " +
+                        std::to_string(options_.control_budget->limit()) +
+                        " bytes for all streams' control messages are spent");
+    }
+    queued_control_bytes_ += cost;
+    return Status::ok();
+  }
+
+  void discharge(size_t cost) {
+    const size_t drawn =
+        drawn_from(queued_control_bytes_) - drawn_from(queued_control_bytes_ - cost);
+    if (drawn > 0) options_.control_budget->give(drawn);
+    queued_control_bytes_ -= cost;
+  }
+
+  // What `queued` control bytes draw on the shared budget.
+  size_t drawn_from(size_t queued) const {
+    if (!options_.control_budget || queued <= kControlBytesFloor) return 0;
+    return queued - kControlBytesFloor;
+  }
 
   // A read that ends the stream after a write failed reports the write's
   // failure, the first cause.
@@ -219,7 +255,7 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
     while (!queue_.empty()) {
       Outgoing out = std::move(queue_.front());
       queue_.pop_front();
-      queued_control_bytes_ -= out.owned.size();
+      discharge(out.charged);
       if (out.done) out.done(why);
     }
     if (paused_) return fail(why);
@@ -368,7 +404,7 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
     writing_ = false;
     Outgoing out = std::move(queue_.front());
     queue_.pop_front();
-    queued_control_bytes_ -= out.owned.size();
+    discharge(out.charged);
     last_tx_ = Clock::now();
     if (closed_) {
       if (out.done) out.done(close_reason_);
@@ -428,7 +464,7 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
   Status close_reason_;
   std::optional<Status> write_failed_;  // set by drain_then_fail
   Clock::time_point write_started_;     // of the frame being written
-  size_t queued_control_bytes_ = 0;     // owned bytes of the frames in queue_
+  size_t queued_control_bytes_ = 0;     // what the control frames in queue_ are charged
   asio::steady_timer drain_timer_;
   bool paused_ = false;
 

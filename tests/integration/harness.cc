@@ -4,17 +4,28 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
 #include <thread>
 
+#include "tally/bench/process.h"
 #include "tally/protocol/fabric_transport.h"
+#include "tally/protocol/frame.h"
+#include "tally/protocol/transport.h"
 
 namespace tally::testing {
 
 namespace fs = std::filesystem;
+
+// A reducer's memory outside its --memory-budget, as docs/architecture.md
+// ("Memory outside the budget") gives it: the process at start, the control
+// frames queued for all streams (kReducerControlBudgetBytes, reducer.cc),
+// and per open stream its control floor and a control frame being read.
+constexpr uint64_t kReducerBaseOverheadBytes = (16u << 20) + (32u << 20);
+constexpr uint64_t kStreamOverheadBytes = kControlBytesFloor + kMaxControlBytes;
 
 std::chrono::milliseconds since(Clock::time_point t0) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0);
@@ -274,6 +285,19 @@ std::vector<TrafficRow> traffic_rows(const std::string& bench_output) {
     rows.push_back(std::move(r));
   }
   return rows;
+}
+
+void expect_peak_rss_within_overhead(TestCluster& cluster, uint32_t index, uint32_t streams,
+                                     uint64_t budget) {
+  const auto peak = bench::process_peak_rss_bytes(cluster.reducer(index).pid());
+  ASSERT_TRUE(peak.has_value());
+  const uint64_t bound =
+      budget + kReducerBaseOverheadBytes + uint64_t{streams} * kStreamOverheadBytes;
+  std::printf("reducer %u: peak rss %.1f MiB (bound %.1f MiB)\n", index, *peak / 1048576.0,
+              bound / 1048576.0);
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+  EXPECT_LE(*peak, bound) << "reducer " << index << " peak rss";
+#endif
 }
 
 }  // namespace tally::testing

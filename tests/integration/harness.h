@@ -202,4 +202,12 @@ BenchRun run_bench(const std::string& dir, const Args& args, std::chrono::millis
 void expect_allreduce_works(TestCluster& cluster, uint32_t workers, const std::string& tag,
                             const std::map<std::string, std::string>& env = {});
 
+// Expects reducer `index`'s peak resident memory so far (VmHWM) within
+// `budget` (its --memory-budget) plus the overhead docs/architecture.md
+// documents ("Memory outside the budget") for up to `streams` open streams,
+// and prints it. Not checked under a sanitizer, whose runtime keeps freed
+// memory in quarantine and maps shadow memory.
+void expect_peak_rss_within_overhead(TestCluster& cluster, uint32_t index, uint32_t streams,
+                                     uint64_t budget = 1u << 20);
+
 }  // namespace tally::testing

@@ -1,11 +1,13 @@
 // Hostile input on a reducer's TCP stream, sent by a raw peer: garbage and
 // hostile frames, a stalled or silent peer, another protocol version, a huge
-// world size. Each closes only that connection, with the reason logged, and
-// the reducer serves everyone else. (The same on the fabric data path is in
-// fabric_test.cc.)
+// world size, peers that do not read. Each closes only that connection, with
+// the reason logged, the reducer serves everyone else, and its peak memory
+// stays within its budget plus the documented overhead. (The same on the
+// fabric data path is in fabric_test.cc.)
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 
+#include <atomic>
 #include <boost/asio/connect.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
@@ -13,9 +15,11 @@
 #include <boost/asio/write.hpp>
 #include <chrono>
 #include <exception>
+#include <memory>
 #include <span>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "harness.h"
 #include "raw_peer.h"
@@ -127,6 +131,7 @@ TEST(Fault, GarbageAndHostileFramesCloseOnlyThatConnection) {
   // The daemon is up and serves everyone else.
   EXPECT_FALSE(cluster.reducer(0).wait_for(0ms).has_value());
   expect_allreduce_works(cluster, 2, "after-garbage");
+  expect_peak_rss_within_overhead(cluster, 0, 12);
   const std::string log = cluster.reducer_log(0);
   EXPECT_TRUE(contains(log, "bad frame magic")) << log;
   EXPECT_TRUE(contains(log, "exceeds the limit")) << log;
@@ -182,6 +187,7 @@ TEST(Fault, HugeWorldSizeIsRefused) {
   EXPECT_TRUE(contains(received, "exceeds this reducer's maximum")) << received;
   EXPECT_FALSE(cluster.reducer(0).wait_for(0ms).has_value());
   expect_allreduce_works(cluster, 2, "after-huge");
+  expect_peak_rss_within_overhead(cluster, 0, 3);
 }
 
 // A stranger's job of world 65536 with a 1 ms op timeout: its timeout error
@@ -215,6 +221,7 @@ TEST(Fault, HugeJobTimeoutErrorIsBoundedAndDeliverable) {
       << received.substr(0, 2000);
   EXPECT_LT(received.size(), kMaxControlBytes);
   expect_allreduce_works(cluster, 2, "beside-huge");
+  expect_peak_rss_within_overhead(cluster, 0, 3);
 }
 
 size_t count_of(const std::string& text, const std::string& what) {
@@ -255,6 +262,7 @@ TEST(Fault, AcceptBacksOffWhenOutOfDescriptors) {
     EXPECT_TRUE(contains(log, "Too many open files")) << log.substr(0, 4000);
   }
   expect_allreduce_works(*cluster, 2, "after-emfile");
+  expect_peak_rss_within_overhead(*cluster, 0, 64);
 }
 
 // A peer that sends but never reads: a world-1 job whose contributions
@@ -288,6 +296,7 @@ TEST(Fault, APeerThatDoesNotReadIsCutOff) {
   EXPECT_TRUE(eventually([&] { return contains(cluster.reducer_log(0), "has not read for"); }, 10s))
       << cluster.reducer_log(0);
   expect_allreduce_works(cluster, 2, "after-no-reader");
+  expect_peak_rss_within_overhead(cluster, 0, 3);
 }
 
 // At --max-connections open streams, the next one is closed at once, and
@@ -316,6 +325,75 @@ TEST(Fault, ConnectionsBeyondTheCapAreClosedAtOnce) {
       },
       10s));
   expect_allreduce_works(cluster, 2, "after-cap");
+  expect_peak_rss_within_overhead(cluster, 0, 10);
+}
+
+// Streams that announce a control frame of the largest size and then drip
+// it: each holds one frame's buffer (kMaxControlBytes) until the hello
+// deadline closes it, so 256 of them stay within the per-stream overhead.
+TEST(Fault, DrippedControlFramesHoldOneFrameEachUntilTheHelloDeadline) {
+  PoolSpec spec;
+  spec.reducer_args.insert(spec.reducer_args.end(), {"--hello-timeout-ms", "1000"});
+  TestCluster cluster(spec);
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  constexpr int kStreams = 256;
+  std::vector<std::unique_ptr<RawPeer>> drips;
+  FrameHeader h;
+  h.kind = FrameKind::kControl;
+  h.length = kMaxControlBytes;
+  for (int i = 0; i < kStreams; ++i) {
+    drips.push_back(std::make_unique<RawPeer>(cluster.addresses()[0]));
+    drips.back()->send_frame(h, "\x0a");
+  }
+  for (auto& peer : drips) EXPECT_TRUE(peer->closed_within(10s));
+  expect_allreduce_works(cluster, 2, "after-drips");
+  expect_peak_rss_within_overhead(cluster, 0, kStreams + 2);
+}
+
+// Peers that send but never read, each flooding the Received marks of a
+// world-1 job, which the reducer answers with a Released apiece. The replies
+// queued for them are charged what they cost and share one reducer-wide cap,
+// so each such stream is cut off and the peak RSS stays bounded (8 of them
+// took a reducer from 10 to 550 MiB when only payload bytes were counted,
+// per stream).
+TEST(Fault, ControlRepliesToPeersThatDoNotReadAreBounded) {
+  TestCluster cluster(PoolSpec{});
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  constexpr int kPeers = 16;
+  std::atomic<int> cut{0};
+  std::vector<std::thread> peers;
+  for (int i = 0; i < kPeers; ++i) {
+    peers.emplace_back([&, i] {
+      RawPeer peer(cluster.addresses()[0]);
+      peer.send_control(raw_hello(unique_job("flood" + std::to_string(i)), 0, 1));
+      const auto deadline = std::chrono::steady_clock::now() + 30s;
+      uint64_t mark = 1;
+      std::string batch;
+      for (int round = 0; round < 200; ++round) {
+        batch.clear();
+        for (int j = 0; j < 4096; ++j) {
+          wire::Control m;
+          m.mutable_received()->set_op_below(mark++);
+          const std::string payload = m.SerializeAsString();
+          FrameHeader h;
+          h.kind = FrameKind::kControl;
+          h.length = payload.size();
+          const auto header = encode_header(h);
+          batch.append(reinterpret_cast<const char*>(header.data()), header.size());
+          batch += payload;
+        }
+        if (!peer.try_send(batch, deadline)) {
+          ++cut;
+          return;
+        }
+      }
+    });
+  }
+  for (auto& t : peers) t.join();
+  EXPECT_EQ(cut.load(), kPeers);
+  EXPECT_TRUE(contains(cluster.reducer_log(0), "does not read")) << cluster.reducer_log(0);
+  expect_allreduce_works(cluster, 2, "after-flood");
+  expect_peak_rss_within_overhead(cluster, 0, kPeers + 2);
 }
 
 }  // namespace

@@ -43,11 +43,15 @@ bool RawPeer::try_send_frame(const FrameHeader& h, const std::string& payload,
   auto bytes = encode_header(h);
   std::string frame(reinterpret_cast<const char*>(bytes.data()), bytes.size());
   frame += payload;
+  return try_send(frame, deadline);
+}
+
+bool RawPeer::try_send(const std::string& bytes, std::chrono::steady_clock::time_point deadline) {
   socket_.non_blocking(true);
   size_t sent = 0;
-  while (sent < frame.size()) {
+  while (sent < bytes.size()) {
     boost::system::error_code ec;
-    sent += socket_.write_some(asio::buffer(frame.data() + sent, frame.size() - sent), ec);
+    sent += socket_.write_some(asio::buffer(bytes.data() + sent, bytes.size() - sent), ec);
     if (ec == asio::error::would_block) {
       if (std::chrono::steady_clock::now() > deadline) return false;
       std::this_thread::sleep_for(5ms);

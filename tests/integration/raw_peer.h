@@ -27,6 +27,8 @@ class RawPeer {
   // reducer has closed the stream (or the deadline passed with it full).
   bool try_send_frame(const FrameHeader& h, const std::string& payload,
                       std::chrono::steady_clock::time_point deadline);
+  // The same for bytes already framed (a batch of frames, say).
+  bool try_send(const std::string& bytes, std::chrono::steady_clock::time_point deadline);
 
   // Reads until `received` contains `what`, the stream closes or `timeout`
   // passes; returns whether `what` came.

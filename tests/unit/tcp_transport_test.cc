@@ -1,6 +1,7 @@
-// The TCP transport's framing over a real loopback stream: frames larger
-// than one write or read call arrive whole and in order, whatever pieces
-// the bytes come in.
+// The TCP transport over a real loopback stream: frames larger than one
+// write or read call arrive whole and in order, whatever pieces the bytes
+// come in; control frames queued for a peer that does not read are capped
+// per stream and across the streams that share a budget.
 #include "tally/protocol/tcp_transport.h"
 
 #include <gtest/gtest.h>
@@ -14,11 +15,13 @@
 #include <deque>
 #include <memory>
 #include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "tally.pb.h"
 #include "tally/protocol/frame.h"
+#include "tally/protocol/transport.h"
 
 namespace tally {
 namespace {
@@ -154,6 +157,73 @@ TEST(TcpTransport, PayloadTricklingInUnevenPiecesIsAssembled) {
   writer.join();
   ASSERT_TRUE(arrived) << (collector->closed ? collector->closed->to_string() : "open");
   EXPECT_TRUE(collector->received[0] == payload);
+}
+
+// A 1 KiB control frame: charged 1 KiB + its protobuf framing + kQueuedFrameOverhead.
+wire::Control kib_error() {
+  wire::Control m;
+  m.mutable_error()->set_message(std::string(1024, 'x'));
+  return m;
+}
+
+// Queues `message` on `conn` until it closes (or `most` frames); returns
+// how many were queued before it did.
+size_t queue_until_closed(Connection& conn, const wire::Control& message, size_t most) {
+  size_t n = 0;
+  while (conn.is_open() && n < most) {
+    conn.send_control(message);
+    if (conn.is_open()) ++n;
+  }
+  return n;
+}
+
+// The io_context is never run, so nothing but the first frame is written:
+// the peers do not read, as far as the queues can tell.
+TEST(TcpTransport, ControlFramesForAPeerThatDoesNotReadAreCappedPerStreamAndShared) {
+  const wire::Control frame = kib_error();
+  const size_t cost = frame.ByteSizeLong() + kQueuedFrameOverhead;
+
+  {  // Alone, a stream queues up to kMaxQueuedControlBytes, charged what frames cost.
+    LoopbackPair pair;
+    auto conn = make_tcp_connection(std::move(pair.server), ConnectionOptions{});
+    auto handler = std::make_shared<Collector>();
+    conn->start(handler);
+    const size_t queued = queue_until_closed(*conn, frame, 100000);
+    EXPECT_EQ(queued, kMaxQueuedControlBytes / cost);
+    ASSERT_TRUE(handler->closed.has_value());
+    EXPECT_NE(handler->closed->to_string().find("does not read"), std::string::npos)
+        << handler->closed->to_string();
+  }
+
+  // Two streams share a 64 KiB budget beyond their 16 KiB floors.
+  auto budget = std::make_shared<ControlBudget>(64u << 10);
+  ConnectionOptions shared;
+  shared.control_budget = budget;
+  LoopbackPair first_pair, second_pair;
+  auto first = make_tcp_connection(std::move(first_pair.server), shared);
+  auto second = make_tcp_connection(std::move(second_pair.server), shared);
+  auto first_handler = std::make_shared<Collector>();
+  auto second_handler = std::make_shared<Collector>();
+  first->start(first_handler);
+  second->start(second_handler);
+
+  // The first takes its floor and the whole budget, and is cut at the next frame.
+  const size_t first_queued = queue_until_closed(*first, frame, 100000);
+  EXPECT_EQ(first_queued, (kControlBytesFloor + budget->limit()) / cost);
+  ASSERT_TRUE(first_handler->closed.has_value());
+  EXPECT_NE(first_handler->closed->to_string().find("for all streams' control messages are spent"),
+            std::string::npos)
+      << first_handler->closed->to_string();
+  // Closing it gave back what it drew.
+  EXPECT_EQ(budget->used(), 0u);
+
+  // While a stranger holds the budget, a stream still queues its floor.
+  ASSERT_TRUE(budget->take(budget->limit()));
+  const size_t second_queued = queue_until_closed(*second, frame, 100000);
+  EXPECT_EQ(second_queued, kControlBytesFloor / cost);
+  ASSERT_TRUE(second_handler->closed.has_value());
+  budget->give(budget->limit());
+  EXPECT_EQ(budget->used(), 0u);
 }
 
 }  // namespace

@@ -96,9 +96,11 @@ class ScratchDir {
   std::string path_;
 };
 
-// Resident memory (VmRSS, bytes) and open descriptors (entries of
-// /proc/<pid>/fd) of a live process, or nullopt when they cannot be read.
+// Resident memory (VmRSS, bytes), its peak so far (VmHWM) and open
+// descriptors (entries of /proc/<pid>/fd) of a live process, or nullopt when
+// they cannot be read.
 std::optional<uint64_t> process_rss_bytes(pid_t pid);
+std::optional<uint64_t> process_peak_rss_bytes(pid_t pid);
 std::optional<uint32_t> process_open_fds(pid_t pid);
 
 // The directory holding the running executable (to find sibling binaries).

@@ -14,6 +14,8 @@
 // callbacks run on it too.
 #pragma once
 
+#include <algorithm>
+#include <atomic>
 #include <boost/asio/any_io_executor.hpp>
 #include <chrono>
 #include <cstddef>
@@ -79,6 +81,38 @@ class FrameHandler {
   virtual void on_closed(const Status& reason) = 0;
 };
 
+// Control frames are copies (data payloads are slabs a memory budget
+// bounds), queued until the peer reads them; a peer that never reads,
+// asking for replies (a Received per Released) as fast as it can, made
+// 8 streams cost a reducer 540 MiB. Each queued control frame is charged
+// its payload plus kQueuedFrameOverhead (the queue entry, the payload's heap
+// block), which is what it costs in memory. A stream may queue
+// kMaxQueuedControlBytes at most; all streams sharing a ControlBudget
+// together queue at most its limit plus kControlBytesFloor each.
+inline constexpr size_t kMaxQueuedControlBytes = 4u << 20;
+inline constexpr size_t kControlBytesFloor = 16u << 10;
+inline constexpr size_t kQueuedFrameOverhead = 256;
+
+class ControlBudget {
+ public:
+  explicit ControlBudget(size_t limit) : limit_(limit) {}
+  // Takes `bytes` if they fit under the limit.
+  bool take(size_t bytes) {
+    size_t used = used_.load(std::memory_order_relaxed);
+    do {
+      if (bytes > limit_ - std::min(used, limit_)) return false;
+    } while (!used_.compare_exchange_weak(used, used + bytes, std::memory_order_relaxed));
+    return true;
+  }
+  void give(size_t bytes) { used_.fetch_sub(bytes, std::memory_order_relaxed); }
+  size_t limit() const { return limit_; }
+  size_t used() const { return used_.load(std::memory_order_relaxed); }
+
+ private:
+  const size_t limit_;
+  std::atomic<size_t> used_{0};
+};
+
 struct ConnectionOptions {
   size_t max_data_bytes = 4u << 20;  // larger data frames are a protocol error
   // An idle stream gets a heartbeat this often, so the peer can tell idle from dead.
@@ -100,6 +134,11 @@ struct ConnectionOptions {
   // "cubic"; empty: the system's default. Checked beforehand with
   // check_congestion_control (tcp_transport.h).
   std::string congestion_control;
+  // Shared by the streams given the same one (a reducer gives all of its
+  // own): beyond kControlBytesFloor each, the control frames queued for
+  // their peers draw on it, and a stream that finds it spent is closed as a
+  // peer that does not read. Null: each stream's own cap only.
+  std::shared_ptr<ControlBudget> control_budget;
 };
 
 class Connection {
