@@ -182,6 +182,31 @@ def test_notes_pool_matches_the_statefulset_and_service(helm, values):
     # Pod names <statefulset>-<ordinal> under the Service's domain are what
     # the pattern expands to.
     assert objs[("Service", name)]["metadata"]["name"] == name
+    # Without a secret the notes say the pool is open; with one, how workers get it.
+    secret = v.get("auth", {}).get("existingSecret", "")
+    assert ("WARNING: no auth.existingSecret" in text) == (not secret), text
+    if secret:
+        assert f"Secret {secret} in the workers and set TALLY_SECRET_FILE" in text, text
+
+
+def test_auth_mounts_the_secret_and_requires_it(helm):
+    objs = render(helm, sets=["auth.existingSecret=tally-auth", "groups=2"])
+    sts = statefulset(objs)
+    script = reducer_script(sts)
+    assert "--job-secret-file /etc/tally/auth/job-secret --require-auth --pool-secret-file /etc/tally/auth/pool-secret" in script
+    pod = sts["spec"]["template"]["spec"]
+    (volume,) = pod["volumes"]
+    assert volume["secret"]["secretName"] == "tally-auth"
+    assert [i["key"] for i in volume["secret"]["items"]] == ["job-secret", "pool-secret"]
+    assert volume["secret"]["defaultMode"] == 0o440 and pod["securityContext"]["fsGroup"] == 10001
+    assert pod["containers"][0]["volumeMounts"] == [{"name": "auth", "mountPath": "/etc/tally/auth", "readOnly": True}]
+    # One group: no pool secret; require off: the job secret only.
+    script = reducer_script(statefulset(render(helm, sets=["auth.existingSecret=s", "auth.require=false"])))
+    assert "--job-secret-file /etc/tally/auth/job-secret" in script
+    assert "--require-auth" not in script and "--pool-secret-file" not in script
+    # No secret: none of it.
+    sts = statefulset(render(helm))
+    assert "secret" not in reducer_script(sts) and "volumes" not in sts["spec"]["template"]["spec"]
 
 
 def free_port():
@@ -220,6 +245,12 @@ def test_pod_command_starts_a_pool_that_gets_ready(helm, values, tmp_path):
     script = reducer_script(sts)
     dns = f"{name}-{{0..{n - 1}}}.{name}.{NAMESPACE}.svc.{v['clusterDomain']}:{port}"
     assert dns in script
+    # The Secret's mount, as kubelet would fill it.
+    auth = tmp_path / "auth"
+    auth.mkdir()
+    (auth / "job-secret").write_text("job-" + "j" * 32)
+    (auth / "pool-secret").write_text("pool-" + "p" * 32)
+    script = script.replace("/etc/tally/auth/", f"{auth}/")
     bindir = tmp_path / "bin"
     bindir.mkdir()
     os.symlink(os.path.abspath(reducer), bindir / "tally-reducer")
@@ -248,6 +279,8 @@ def test_pod_command_starts_a_pool_that_gets_ready(helm, values, tmp_path):
             assert tuple(map(int, info.groups())) == (i % v["shards"], v["shards"], i // v["shards"], v["groups"])
             links = re.search(r"^tally_replica_links_up (\S+)$", text, re.M)
             assert float(links.group(1)) == v["groups"] - 1
+            log = (tmp_path / f"reducer-{i}.log").read_text()
+            assert ("authentication is not required" in log) == (not v.get("auth", {}).get("existingSecret")), log
     finally:
         for p in procs:
             p.send_signal(signal.SIGTERM)
@@ -311,6 +344,17 @@ def test_a_memory_budget_below_one_window_is_refused(helm):
     assert "one job needs 58" in r.stderr, r.stderr
     # The smallest budget that holds one job renders.
     run_helm(helm, "template", RELEASE, CHART, "--set", "memoryBudgetBytes=41943040")
+
+
+def test_an_overhead_below_the_streams_bound_is_refused(helm):
+    # Outside its budget a reducer holds up to 48 MiB + 80 KiB per stream.
+    r = run_helm(helm, "template", RELEASE, CHART, "--set", "maxConnections=4096", check=False)
+    assert r.returncode != 0
+    assert ("memoryOverheadBytes=268435456 is below what a reducer may hold outside its budget with "
+            "maxConnections=4096: 48 MiB + 80 KiB per stream = 385875968" in r.stderr), r.stderr
+    objs = render(helm, sets=["maxConnections=4096", "memoryOverheadBytes=385875968"])
+    assert "--max-connections 4096" in reducer_script(statefulset(objs))
+    assert "--max-connections 2048" in reducer_script(statefulset(render(helm)))
 
 
 def test_large_integers_render_as_integers(helm):

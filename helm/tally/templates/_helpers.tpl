@@ -60,7 +60,8 @@ two <= G, F = 0 with one group (docs/configuration.md).
 {{- add (mul (int64 .Values.window) (add 1 (mul 2 $f))) 2 -}}
 {{- end -}}
 
-{{/* Fails rendering when the budget cannot hold one job (the reducer would refuse to start). */}}
+{{/* Fails rendering when the budget cannot hold one job (the reducer would refuse to start), or
+    the overhead cannot hold what a reducer keeps outside it at maxConnections streams. */}}
 {{- define "tally.validate" -}}
 {{- $budget := int64 .Values.memoryBudgetBytes -}}
 {{- $chunk := int64 .Values.maxChunkBytes -}}
@@ -68,6 +69,12 @@ two <= G, F = 0 with one group (docs/configuration.md).
 {{- $need := int64 (include "tally.jobSlabs" .) -}}
 {{- if lt $slabs $need -}}
 {{- fail (printf "memoryBudgetBytes=%d holds %d chunk buffers of maxChunkBytes=%d, but one job needs %d (window=%d x (1 + 2F) + 2 with %d groups): set memoryBudgetBytes to at least %d" $budget $slabs $chunk $need (int64 .Values.window) (int64 .Values.groups) (mul $need $chunk)) -}}
+{{- end -}}
+{{- $overhead := int64 .Values.memoryOverheadBytes -}}
+{{- $streams := int64 .Values.maxConnections -}}
+{{- $outside := add 50331648 (mul 81920 $streams) -}}
+{{- if lt $overhead $outside -}}
+{{- fail (printf "memoryOverheadBytes=%d is below what a reducer may hold outside its budget with maxConnections=%d: 48 MiB + 80 KiB per stream = %d (docs/architecture.md, Memory outside the budget): raise memoryOverheadBytes or lower maxConnections" $overhead $streams $outside) -}}
 {{- end -}}
 {{- end -}}
 
