@@ -355,6 +355,11 @@ def test_an_overhead_below_the_streams_bound_is_refused(helm):
     objs = render(helm, sets=["maxConnections=4096", "memoryOverheadBytes=385875968"])
     assert "--max-connections 4096" in reducer_script(statefulset(objs))
     assert "--max-connections 2048" in reducer_script(statefulset(render(helm)))
+    # A fabric pool's endpoints take 72 MiB per I/O thread besides.
+    r = run_helm(helm, "template", RELEASE, CHART, "--set", "transport=fabric", check=False)
+    assert r.returncode != 0
+    assert ("48 MiB + 80 KiB per stream + 72 MiB per I/O thread (ioThreads=2) for the fabric endpoints "
+            "= 369098752" in r.stderr), r.stderr
 
 
 def test_large_integers_render_as_integers(helm):

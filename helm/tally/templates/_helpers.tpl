@@ -73,8 +73,13 @@ two <= G, F = 0 with one group (docs/configuration.md).
 {{- $overhead := int64 .Values.memoryOverheadBytes -}}
 {{- $streams := int64 .Values.maxConnections -}}
 {{- $outside := add 50331648 (mul 81920 $streams) -}}
+{{- $fabric := "" -}}
+{{- if eq .Values.transport "fabric" -}}
+{{- $outside = add $outside (mul 75497472 (int64 .Values.ioThreads)) -}}
+{{- $fabric = printf " + 72 MiB per I/O thread (ioThreads=%d) for the fabric endpoints" (int64 .Values.ioThreads) -}}
+{{- end -}}
 {{- if lt $overhead $outside -}}
-{{- fail (printf "memoryOverheadBytes=%d is below what a reducer may hold outside its budget with maxConnections=%d: 48 MiB + 80 KiB per stream = %d (docs/architecture.md, Memory outside the budget): raise memoryOverheadBytes or lower maxConnections" $overhead $streams $outside) -}}
+{{- fail (printf "memoryOverheadBytes=%d is below what a reducer may hold outside its budget with maxConnections=%d: 48 MiB + 80 KiB per stream%s = %d (docs/architecture.md, Memory outside the budget): raise memoryOverheadBytes or lower maxConnections" $overhead $streams $fabric $outside) -}}
 {{- end -}}
 {{- end -}}
 
