@@ -28,6 +28,7 @@ constexpr milliseconds kResumeAttempt{2000};
 
 void ShardLink::connect(Clock::time_point deadline) {
   if (closing_) return settle(Status(ErrorCode::kCancelled, "client closed while connecting"));
+  if (phase_ == Phase::kJoining) connect_deadline_ = deadline;
   const auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
   if (left <= milliseconds(0)) {
     if (phase_ == Phase::kResuming) return retry();
@@ -145,6 +146,16 @@ void ShardLink::on_closed(const Status& status) {
   closed_ = true;
   switch (phase_) {
     case Phase::kJoining:
+      // A stream that ends before its Welcome, refused by nobody, is a
+      // reducer that died or restarted mid-handshake: dialled again until
+      // the connect deadline, as a refused connection is.
+      if (!settled_ && !fatal_ && !closing_ && why.code() == ErrorCode::kPeerLost &&
+          Clock::now() + kConnectRetry < connect_deadline_) {
+        last_error_ = why.message();
+        worker_nonce_.clear();
+        reducer_nonce_.clear();
+        return redial();
+      }
       settle(why);
       phase_ = Phase::kGone;
       return client_.on_link_closed(shard_, why);
@@ -202,6 +213,13 @@ void ShardLink::retry() {
   });
 }
 
+void ShardLink::redial() {
+  auto timer = std::make_shared<asio::steady_timer>(client_.io, kConnectRetry);
+  timer->async_wait([self = shared_from_this(), timer](const boost::system::error_code&) {
+    self->connect(self->connect_deadline_);
+  });
+}
+
 void ShardLink::give_up(const Status& why) {
   phase_ = Phase::kGone;
   closed_ = true;
@@ -214,10 +232,7 @@ void ShardLink::on_connected(Result<asio::ip::tcp::socket> r, Clock::time_point 
   if (!r) {
     last_error_ = r.status().message();
     if (r.status().code() == ErrorCode::kUnavailable && Clock::now() + kConnectRetry < deadline) {
-      auto timer = std::make_shared<asio::steady_timer>(client_.io, kConnectRetry);
-      timer->async_wait([self = shared_from_this(), timer,
-                         deadline](const boost::system::error_code&) { self->connect(deadline); });
-      return;
+      return redial();
     }
     return settle(r.status().with_context("shard " + std::to_string(shard_)));
   }
@@ -315,7 +330,10 @@ void ShardLink::settle(const Status& s) {
   if (settled_) return;
   settled_ = true;
   if (phase_ == Phase::kJoining) {
-    if (s.is_ok()) phase_ = Phase::kLive;
+    if (s.is_ok()) {
+      phase_ = Phase::kLive;
+      closed_ = false;  // a stream that ended mid-handshake was dialled again
+    }
     return welcomed_.set_value(s);
   }
   // Resuming: a failed attempt's stream closes next, and on_closed decides.

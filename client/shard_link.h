@@ -85,6 +85,8 @@ class ShardLink final : public FrameHandler, public std::enable_shared_from_this
   // After a loss: the next attempt to reopen the stream, after the backoff,
   // or giving up once the resume deadline has passed.
   void retry();
+  // Joining: dials again after kConnectRetry.
+  void redial();
   void give_up(const Status& why);
   // Whether a stream lost with `why` is reopened.
   bool resumable(const Status& why) const;
@@ -94,6 +96,7 @@ class ShardLink final : public FrameHandler, public std::enable_shared_from_this
   enum class Phase { kJoining, kLive, kResuming, kGone };
   Phase phase_ = Phase::kJoining;
   std::optional<Status> lost_;
+  std::chrono::steady_clock::time_point connect_deadline_;  // joining
   std::chrono::steady_clock::time_point resume_deadline_;
   std::chrono::milliseconds backoff_{0};
 

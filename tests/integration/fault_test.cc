@@ -371,6 +371,32 @@ TEST(Fault, HungReducerTakesTheReconnectingJobAtOnce) {
   }
 }
 
+// A reducer that dies between taking a worker's connection and welcoming
+// it (here: stopped, so the kernel takes the connection and the Hello, then
+// killed, which resets them) and comes back at its address: the worker
+// dials again until its connect deadline, as it does a refused connection,
+// and joins. (It failed connect with "lost reducer ...: connection reset
+// by peer"; tally-bench chaos hit it under ASan when a kill fell on a
+// job's start.)
+TEST(Fault, AReducerLostBeforeItsWelcomeIsDialledAgainWithinTheConnectTimeout) {
+  TestCluster cluster(PoolSpec{});
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  cluster.reducer(0).signal(SIGSTOP);
+  WorkerGroup group(cluster, "w", unique_job("mid-handshake"), 2,
+                    [](uint32_t) {
+                      return Args{"--count", "1009", "--ops", "3"};
+                    },
+                    {{"TALLY_CONNECT_TIMEOUT_MS", "30000"}});
+  const std::string port = cluster.addresses()[0].substr(cluster.addresses()[0].rfind(':') + 1);
+  ASSERT_TRUE(eventually([&] { return established_to(std::stoi(port)) >= 2; }, 20s));
+  cluster.kill_reducer(0, SIGKILL);
+  ASSERT_TRUE(cluster.restart_reducer(0).is_ok());
+  for (uint32_t r = 0; r < 2; ++r) {
+    auto out = group.wait(r, 30s);
+    EXPECT_EQ(out.exit_code, 0) << out.out;
+  }
+}
+
 TEST(Fault, PoolListedOutOfShardOrderIsRefused) {
   PoolSpec spec;
   spec.shards = 2;
