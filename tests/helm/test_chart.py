@@ -347,19 +347,20 @@ def test_a_memory_budget_below_one_window_is_refused(helm):
 
 
 def test_an_overhead_below_the_streams_bound_is_refused(helm):
-    # Outside its budget a reducer holds up to 48 MiB + 80 KiB per stream.
+    # Outside its budget a reducer holds up to 16 MiB + 32 MiB per I/O thread + 80 KiB per stream.
     r = run_helm(helm, "template", RELEASE, CHART, "--set", "maxConnections=4096", check=False)
     assert r.returncode != 0
     assert ("memoryOverheadBytes=268435456 is below what a reducer may hold outside its budget with "
-            "maxConnections=4096: 48 MiB + 80 KiB per stream = 385875968" in r.stderr), r.stderr
-    objs = render(helm, sets=["maxConnections=4096", "memoryOverheadBytes=385875968"])
+            "maxConnections=4096: 16 MiB + 32 MiB per I/O thread (ioThreads=2) + 80 KiB per stream "
+            "= 419430400" in r.stderr), r.stderr
+    objs = render(helm, sets=["maxConnections=4096", "memoryOverheadBytes=419430400"])
     assert "--max-connections 4096" in reducer_script(statefulset(objs))
     assert "--max-connections 2048" in reducer_script(statefulset(render(helm)))
     # A fabric pool's endpoints take 72 MiB per I/O thread besides.
     r = run_helm(helm, "template", RELEASE, CHART, "--set", "transport=fabric", check=False)
     assert r.returncode != 0
-    assert ("48 MiB + 80 KiB per stream + 72 MiB per I/O thread (ioThreads=2) for the fabric endpoints "
-            "= 369098752" in r.stderr), r.stderr
+    assert ("80 KiB per stream + 72 MiB per I/O thread for the fabric endpoints = 402653184"
+            in r.stderr), r.stderr
 
 
 def test_large_integers_render_as_integers(helm):

@@ -21,10 +21,11 @@ namespace tally::testing {
 namespace fs = std::filesystem;
 
 // A reducer's memory outside its --memory-budget, as docs/architecture.md
-// ("Memory outside the budget") gives it: the process at start, the control
+// ("Memory outside the budget") gives it: the process at start; the control
 // frames queued for all streams (kReducerControlBudgetBytes, reducer.cc),
+// which the allocator may keep per I/O thread once freed (PoolSpec runs 2);
 // and per open stream its control floor and a control frame being read.
-constexpr uint64_t kReducerBaseOverheadBytes = (16u << 20) + (32u << 20);
+constexpr uint64_t kReducerBaseOverheadBytes = (16u << 20) + 2 * (32u << 20);
 constexpr uint64_t kStreamOverheadBytes = kControlBytesFloor + kMaxControlBytes;
 
 std::chrono::milliseconds since(Clock::time_point t0) {

@@ -72,14 +72,14 @@ two <= G, F = 0 with one group (docs/configuration.md).
 {{- end -}}
 {{- $overhead := int64 .Values.memoryOverheadBytes -}}
 {{- $streams := int64 .Values.maxConnections -}}
-{{- $outside := add 50331648 (mul 81920 $streams) -}}
+{{- $outside := add 16777216 (mul 33554432 (int64 .Values.ioThreads)) (mul 81920 $streams) -}}
 {{- $fabric := "" -}}
 {{- if eq .Values.transport "fabric" -}}
 {{- $outside = add $outside (mul 75497472 (int64 .Values.ioThreads)) -}}
-{{- $fabric = printf " + 72 MiB per I/O thread (ioThreads=%d) for the fabric endpoints" (int64 .Values.ioThreads) -}}
+{{- $fabric = " + 72 MiB per I/O thread for the fabric endpoints" -}}
 {{- end -}}
 {{- if lt $overhead $outside -}}
-{{- fail (printf "memoryOverheadBytes=%d is below what a reducer may hold outside its budget with maxConnections=%d: 48 MiB + 80 KiB per stream%s = %d (docs/architecture.md, Memory outside the budget): raise memoryOverheadBytes or lower maxConnections" $overhead $streams $fabric $outside) -}}
+{{- fail (printf "memoryOverheadBytes=%d is below what a reducer may hold outside its budget with maxConnections=%d: 16 MiB + 32 MiB per I/O thread (ioThreads=%d) + 80 KiB per stream%s = %d (docs/architecture.md, Memory outside the budget): raise memoryOverheadBytes or lower maxConnections" $overhead $streams (int64 .Values.ioThreads) $fabric $outside) -}}
 {{- end -}}
 {{- end -}}
 
