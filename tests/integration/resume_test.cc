@@ -319,6 +319,16 @@ TEST(Resume, ARankThatLeftIsReleasedWithoutItAndCountedAgainWhenBack) {
   EXPECT_TRUE(p0.received_within(released_payload(5), 5s, &got0)) << "not released without rank 1";
   p1.emplace(address);
   p1->send_control(raw_hello(job, 1, 2));
+  // Rank 1 is back (its second join is logged) before rank 0's next mark:
+  // the two streams are read independently.
+  const std::string joined = "rank 1/2 of job '" + job + "' joined";
+  ASSERT_TRUE(eventually(
+      [&] {
+        const std::string log = cluster.reducer_log(0);
+        return log.find(joined) != log.rfind(joined);
+      },
+      5s))
+      << cluster.reducer_log(0);
   p0.send_control(received(8));
   EXPECT_FALSE(p0.received_within(released_payload(8), 500ms, &got0))
       << "released past a rank that has said no mark since it came back";
