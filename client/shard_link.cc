@@ -40,8 +40,8 @@ void ShardLink::connect(Clock::time_point deadline) {
   }
   async_tcp_connect(client_.io, address_,
                     phase_ == Phase::kResuming ? std::min(left, kResumeAttempt) : left,
-                    [self = shared_from_this(), deadline](Result<asio::ip::tcp::socket> r) {
-                      self->on_connected(std::move(r), deadline);
+                    [self = shared_from_this()](Result<asio::ip::tcp::socket> r) {
+                      self->on_connected(std::move(r));
                     });
 }
 
@@ -226,12 +226,13 @@ void ShardLink::give_up(const Status& why) {
   client_.on_link_closed(shard_, why);
 }
 
-void ShardLink::on_connected(Result<asio::ip::tcp::socket> r, Clock::time_point deadline) {
+void ShardLink::on_connected(Result<asio::ip::tcp::socket> r) {
   if (closing_) return settle(Status(ErrorCode::kCancelled, "client closed while connecting"));
   if (!r && phase_ == Phase::kResuming) return retry();
   if (!r) {
     last_error_ = r.status().message();
-    if (r.status().code() == ErrorCode::kUnavailable && Clock::now() + kConnectRetry < deadline) {
+    if (r.status().code() == ErrorCode::kUnavailable &&
+        Clock::now() + kConnectRetry < connect_deadline_) {
       return redial();
     }
     return settle(r.status().with_context("shard " + std::to_string(shard_)));

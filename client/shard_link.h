@@ -78,8 +78,7 @@ class ShardLink final : public FrameHandler, public std::enable_shared_from_this
   bool resyncing = false;
 
  private:
-  void on_connected(Result<boost::asio::ip::tcp::socket> r,
-                    std::chrono::steady_clock::time_point deadline);
+  void on_connected(Result<boost::asio::ip::tcp::socket> r);
   void on_welcome(const wire::Welcome& w);
   void settle(const Status& s);
   // After a loss: the next attempt to reopen the stream, after the backoff,

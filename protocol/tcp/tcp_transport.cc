@@ -208,19 +208,20 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
   // Charges a control frame's cost to this stream and, beyond its floor, to
   // the shared budget; a refusal is the reason to close the stream.
   Status charge(size_t cost) {
+    // Built only on refusal: this runs for every control frame.
+    auto waiting = [&] {
+      return peer_ + " does not read: " + std::to_string(queued_control_bytes_) +
+             " bytes of control messages wait for it";
+    };
     if (queued_control_bytes_ + cost > kMaxQueuedControlBytes) {
-      return Status(ErrorCode::kPeerLost,
-                    peer_ + " does not read: " + std::to_string(queued_control_bytes_) +
-                        " bytes of control messages wait for it");
+      return Status(ErrorCode::kPeerLost, waiting());
     }
     const size_t drawn =
         drawn_from(queued_control_bytes_ + cost) - drawn_from(queued_control_bytes_);
     if (drawn > 0 && !options_.control_budget->take(drawn)) {
-      return Status(ErrorCode::kPeerLost,
-                    peer_ + " does not read: " + std::to_string(queued_control_bytes_) +
-                        " bytes of control messages wait for it, and the " +
-                        std::to_string(options_.control_budget->limit()) +
-                        " bytes for all streams' control messages are spent");
+      return Status(ErrorCode::kPeerLost, waiting() + ", and the " +
+                                              std::to_string(options_.control_budget->limit()) +
+                                              " bytes for all streams' control messages are spent");
     }
     queued_control_bytes_ += cost;
     return Status::ok();

@@ -374,13 +374,7 @@ TEST(Fault, ControlRepliesToPeersThatDoNotReadAreBounded) {
         for (int j = 0; j < 4096; ++j) {
           wire::Control m;
           m.mutable_received()->set_op_below(mark++);
-          const std::string payload = m.SerializeAsString();
-          FrameHeader h;
-          h.kind = FrameKind::kControl;
-          h.length = payload.size();
-          const auto header = encode_header(h);
-          batch.append(reinterpret_cast<const char*>(header.data()), header.size());
-          batch += payload;
+          batch += control_frame(m);
         }
         if (!peer.try_send(batch, deadline)) {
           ++cut;

@@ -31,11 +31,17 @@ void RawPeer::send_frame(const FrameHeader& h, const std::string& payload) {
 }
 
 void RawPeer::send_control(const wire::Control& message) {
-  std::string payload = message.SerializeAsString();
+  const std::string frame = control_frame(message);
+  send(frame.data(), frame.size());
+}
+
+std::string control_frame(const wire::Control& message) {
+  const std::string payload = message.SerializeAsString();
   FrameHeader h;
   h.kind = FrameKind::kControl;
   h.length = payload.size();
-  send_frame(h, payload);
+  const auto header = encode_header(h);
+  return std::string(reinterpret_cast<const char*>(header.data()), header.size()) + payload;
 }
 
 bool RawPeer::try_send_frame(const FrameHeader& h, const std::string& payload,

@@ -48,6 +48,9 @@ class RawPeer {
   boost::asio::ip::tcp::socket socket_;
 };
 
+// `message` as a control frame: header and payload.
+std::string control_frame(const wire::Control& message);
+
 // A worker's Hello for `job` (op timeout 5 s).
 wire::Control raw_hello(const std::string& job, uint32_t rank, uint32_t world,
                         uint32_t version = kProtocolVersion);

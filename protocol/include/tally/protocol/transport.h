@@ -14,7 +14,6 @@
 // callbacks run on it too.
 #pragma once
 
-#include <algorithm>
 #include <atomic>
 #include <boost/asio/any_io_executor.hpp>
 #include <chrono>
@@ -100,7 +99,7 @@ class ControlBudget {
   bool take(size_t bytes) {
     size_t used = used_.load(std::memory_order_relaxed);
     do {
-      if (bytes > limit_ - std::min(used, limit_)) return false;
+      if (bytes > limit_ - used) return false;  // used <= limit_: only take() adds
     } while (!used_.compare_exchange_weak(used, used + bytes, std::memory_order_relaxed));
     return true;
   }
