@@ -44,6 +44,7 @@
 #include "tally/protocol/groups.h"
 #include "tally/protocol/pool.h"
 #include "tally/protocol/pool_pattern.h"
+#include "tally/protocol/tcp_transport.h"
 #include "tally/reducer/butterfly.h"
 #include "worker.h"
 
@@ -75,6 +76,7 @@ struct PhaseOptions {
   const Netlab* lab = nullptr;  // --netlab: worker r runs on host r (not owned)
   std::string secret_file;      // the local pool's job secret (TALLY_SECRET_FILE), if any
   std::string tcp_congestion;   // TALLY_TCP_CONGESTION for the workers, if set
+  std::string link_rate;        // TALLY_LINK_RATE for the workers, if set
   std::chrono::steady_clock::time_point deadline;
 };
 
@@ -163,6 +165,7 @@ int run_phase(const Phase& phase, const PhaseOptions& options) {
       spec.env["TALLY_FABRIC_PROVIDER"] = options.fabric_provider;
     if (!options.secret_file.empty()) spec.env["TALLY_SECRET_FILE"] = options.secret_file;
     if (!options.tcp_congestion.empty()) spec.env["TALLY_TCP_CONGESTION"] = options.tcp_congestion;
+    if (!options.link_rate.empty()) spec.env["TALLY_LINK_RATE"] = options.link_rate;
     if (r == 0) spec.stdout_path = phase.stdout_path;
     if (options.lab) options.lab->place(r, spec);
     auto p = Process::spawn(spec);
@@ -307,6 +310,10 @@ int main(int argc, char** argv) {
   app.add_option("--tcp-congestion", tcp_congestion,
                  "TCP congestion control of tally's streams, local reducers' and workers' (e.g. "
                  "cubic; default: the system's). The peers keep the system's");
+  std::string link_rate;
+  app.add_option("--link-rate", link_rate,
+                 "pace tally's streams to this link rate, local reducers' and workers' (tc's "
+                 "units, e.g. 10gbit; with --netlab its rate unless 'off'; default: not paced)");
   app.add_option("--transport", transport_list,
                  "tcp, fabric, or tcp,fabric to run both side by side against one pool")
       ->capture_default_str();
@@ -350,12 +357,22 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "tally-bench: %s\n", why.c_str());
       return 2;
     }
-    if (auto rate = parse_rate(netlab_rate); !rate) {
+    if (auto rate = parse_link_rate(netlab_rate); !rate) {
       std::fprintf(stderr, "tally-bench: --netlab: %s\n", rate.status().message().c_str());
       return 2;
     }
+    // Each host's link is capped at the lab's rate, and a deployment that
+    // knows its links' rate says so (docs/benchmarking.md, "Capped links").
+    if (link_rate.empty()) link_rate = netlab_rate;
     if (!pool.empty()) {
       std::fprintf(stderr, "tally-bench: --netlab starts its own pool in the lab; drop --pool\n");
+      return 2;
+    }
+  }
+  if (link_rate == "off") link_rate.clear();
+  if (!link_rate.empty()) {
+    if (auto rate = parse_link_rate(link_rate); !rate) {
+      std::fprintf(stderr, "tally-bench: --link-rate: %s\n", rate.status().message().c_str());
       return 2;
     }
   }
@@ -453,6 +470,7 @@ int main(int argc, char** argv) {
     if (!tcp_congestion.empty()) {
       lo.extra_args.insert(lo.extra_args.end(), {"--tcp-congestion", tcp_congestion});
     }
+    if (!link_rate.empty()) lo.extra_args.insert(lo.extra_args.end(), {"--link-rate", link_rate});
     // A fabric pool serves tcp workers too: one pool for a side-by-side run.
     if (any_fabric) lo.extra_args.insert(lo.extra_args.end(), {"--transport", "fabric"});
     if (!fabric_provider.empty())
@@ -498,6 +516,7 @@ int main(int argc, char** argv) {
   phase_options.lab = lab.get();
   phase_options.secret_file = secret_file;
   phase_options.tcp_congestion = tcp_congestion;
+  phase_options.link_rate = link_rate;
   phase_options.deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
   int result = 0;
   std::vector<NamedTable> tally_tables;

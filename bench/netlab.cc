@@ -10,6 +10,8 @@
 #include <sstream>
 #include <tuple>
 
+#include "tally/protocol/tcp_transport.h"
+
 namespace tally::bench {
 namespace {
 
@@ -78,29 +80,6 @@ std::vector<std::string> remove_stale_namespaces(const std::string& prefix) {
   return removed;
 }
 
-Result<uint64_t> parse_rate(const std::string& rate) {
-  size_t digits = 0;
-  while (digits < rate.size() &&
-         (std::isdigit(static_cast<unsigned char>(rate[digits])) || rate[digits] == '.')) {
-    ++digits;
-  }
-  const std::string unit = rate.substr(digits);
-  double scale = 0;
-  if (unit == "bit") scale = 1;
-  if (unit == "kbit") scale = 1e3;
-  if (unit == "mbit") scale = 1e6;
-  if (unit == "gbit") scale = 1e9;
-  if (unit == "tbit") scale = 1e12;
-  const double value = digits ? std::atof(rate.substr(0, digits).c_str()) : 0;
-  if (scale == 0 || value * scale < 8000) {
-    return Status(ErrorCode::kInvalidArgument,
-                  "rate '" + rate +
-                      "': want at least 8kbit, as a number and bit, kbit, mbit, gbit or tbit "
-                      "(tc's units), e.g. 1gbit");
-  }
-  return static_cast<uint64_t>(value * scale);
-}
-
 std::string netlab_refusal() {
   if (geteuid() != 0) {
     return "--netlab needs root: it creates network namespaces, a bridge and tc qdiscs (euid " +
@@ -115,7 +94,7 @@ Result<std::unique_ptr<Netlab>> Netlab::create(const NetlabOptions& options) {
   if (std::string why = netlab_refusal(); !why.empty()) {
     return Status(ErrorCode::kUnavailable, why);
   }
-  auto bps = parse_rate(options.rate);
+  auto bps = parse_link_rate(options.rate);
   if (!bps) return bps.status();
   if (options.hosts == 0 || options.hosts > 250 * 250) {
     return Status(ErrorCode::kInvalidArgument, "a lab holds 1 to 62500 hosts");

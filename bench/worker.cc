@@ -57,6 +57,16 @@ size_t run_check(Client& client, T* data, size_t count, DType dtype, RedOp redop
   return count_wrong(data, count, client.world_size(), redop, relative);
 }
 
+// TALLY_LINK_RATE as tc writes it ("1gbit"), or "none".
+std::string link_rate_string(uint64_t bits) {
+  if (bits == 0) return "none";
+  for (auto [scale, unit] :
+       {std::pair{1000000000ull, "gbit"}, {1000000ull, "mbit"}, {1000ull, "kbit"}}) {
+    if (bits % scale == 0) return std::to_string(bits / scale) + unit;
+  }
+  return std::to_string(bits) + "bit";
+}
+
 }  // namespace
 
 int run_worker(const SweepOptions& sweep) {
@@ -125,11 +135,11 @@ int run_worker(const SweepOptions& sweep) {
       wire = std::string(dtype_name(*options->wire_dtype));
       if (options->wire_result == DType::kFloat32) wire += " (float32 results)";
     }
-    std::printf("# tally-bench %s (%s) transport=%s W=%u S=%u G=%u chunk=%s wire=%s\n",
+    std::printf("# tally-bench %s (%s) transport=%s W=%u S=%u G=%u chunk=%s wire=%s link-rate=%s\n",
                 TALLY_VERSION, TALLY_GIT_SHA, options->transport.c_str(), client.world_size(),
                 client.shards(), client.groups(),
                 options->chunk_bytes ? human_bytes(options->chunk_bytes).c_str() : "auto",
-                wire.c_str());
+                wire.c_str(), link_rate_string(options->link_rate_bits).c_str());
     std::printf(
         "# reduction server: every worker sends and receives the buffer once, so busbw = algbw\n");
     std::printf(

@@ -280,6 +280,11 @@ Result<std::unique_ptr<Client>> Client::connect(const ClientOptions& options) {
   std::call_once(logging, [] { spdlog::default_logger_raw(); });
   auto impl = std::make_unique<Impl>();
   impl->options = options;
+  if (options.link_rate_bits > 0) {
+    auto paced = paced_congestion_control(options.tcp_congestion);
+    if (!paced) return paced.status().with_context("TALLY_LINK_RATE");
+    impl->options.tcp_congestion = *paced;
+  }
   impl->job = job_id(options.job);
   if (options.transport == "fabric") {
     auto fabric = Fabric::open(options.fabric);

@@ -53,7 +53,8 @@ const std::vector<std::string_view>& client_option_names() {
       "TALLY_GROUP_SIZES", "TALLY_CHUNK_BYTES", "TALLY_OP_TIMEOUT_MS", "TALLY_CONNECT_TIMEOUT_MS",
       "TALLY_HEARTBEAT_MS", "TALLY_PEER_TIMEOUT_MS", "TALLY_TRANSPORT", "FI_PROVIDER",
       "TALLY_FABRIC_PROVIDER", "TALLY_FABRIC_FORCE_REGISTRATION", "TALLY_FABRIC_MAX_MSG_BYTES",
-      "TALLY_TCP_CONGESTION", "TALLY_WIRE_DTYPE", "TALLY_WIRE_RESULT", "TALLY_RESUME_BYTES",
+      "TALLY_TCP_CONGESTION", "TALLY_LINK_RATE", "TALLY_WIRE_DTYPE", "TALLY_WIRE_RESULT",
+      "TALLY_RESUME_BYTES",
       // The file, when both are set, wins.
       "TALLY_SECRET", "TALLY_SECRET_FILE"};
   return names;
@@ -154,6 +155,12 @@ Status set_client_option(ClientOptions& o, std::string_view name, std::string_vi
     o.tcp_congestion = std::string(value);
     return Status::ok();
   }
+  if (name == "TALLY_LINK_RATE") {
+    auto rate = parse_link_rate(std::string(value));
+    if (!rate) return rate.status().with_context("TALLY_LINK_RATE");
+    o.link_rate_bits = *rate;
+    return Status::ok();
+  }
   // The secret's value never appears in an error.
   if (name == "TALLY_SECRET") {
     if (value.size() < kMinSecretBytes) {
@@ -236,6 +243,11 @@ Status validate(const ClientOptions& o) {
   if (o.transport == "fabric" && o.fabric.provider.empty()) return bad("fabric provider is empty");
   if (Status s = check_congestion_control(o.tcp_congestion); !s.is_ok()) {
     return s.with_context("TALLY_TCP_CONGESTION");
+  }
+  if (o.link_rate_bits > 0) {
+    if (auto paced = paced_congestion_control(o.tcp_congestion); !paced) {
+      return paced.status().with_context("TALLY_LINK_RATE");
+    }
   }
   return Status::ok();
 }

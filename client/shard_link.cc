@@ -245,6 +245,11 @@ void ShardLink::on_connected(Result<asio::ip::tcp::socket> r) {
   copts.peer_timeout = client_.options.peer_timeout;
   copts.congestion_control = client_.options.tcp_congestion;
   conn_ = make_connection(client_.fabric, std::move(*r), copts);
+  // Contributions go to the group's S reducers at once: each stream gets
+  // its share of the link.
+  if (client_.options.link_rate_bits > 0) {
+    conn_->pace(paced_share(client_.options.link_rate_bits, client_.links.size()));
+  }
   conn_->start(shared_from_this());
   wire::Control hello;
   auto* h = hello.mutable_hello();

@@ -134,6 +134,12 @@ int main(int argc, char** argv) {
   app.add_option("--tcp-congestion", options.connection.congestion_control,
                  "TCP congestion control of every stream (e.g. cubic; default: the system's)")
       ->envname("TALLY_TCP_CONGESTION");
+  std::string link_rate;
+  app.add_option("--link-rate", link_rate,
+                 "this reducer's link rate in tc's units (e.g. 10gbit): each worker stream of a "
+                 "job is paced to an equal share of it; with cubic unless --tcp-congestion names "
+                 "another (default: not paced)")
+      ->envname("TALLY_LINK_RATE");
   app.add_option("--max-connections", options.max_connections,
                  "open streams at most; more are closed as they are accepted")
       ->envname("TALLY_MAX_CONNECTIONS")
@@ -205,6 +211,14 @@ int main(int argc, char** argv) {
   options.memory_budget_bytes = memory_budget;
   options.max_chunk_bytes = max_chunk;
   options.ingress_window_bytes = ingress_window;
+  if (!link_rate.empty()) {
+    auto rate = tally::parse_link_rate(link_rate);
+    if (!rate) {
+      spdlog::error("--link-rate: {}", rate.status().to_string());
+      return 2;
+    }
+    options.link_rate_bits = *rate;
+  }
   options.connection.heartbeat_interval = std::chrono::milliseconds(heartbeat_ms);
   options.connection.peer_timeout = std::chrono::milliseconds(peer_timeout_ms);
   options.hello_timeout = std::chrono::milliseconds(hello_timeout_ms);

@@ -8,6 +8,7 @@
 #include "tally.pb.h"
 #include "tally/protocol/auth.h"
 #include "tally/protocol/control.h"
+#include "tally/protocol/tcp_transport.h"
 #include "tally/reducer/job_table.h"
 
 namespace tally {
@@ -243,6 +244,9 @@ void WorkerSession::join(std::shared_ptr<const wire::Hello> hello, bool authenti
   // The ingress budget shared by the job's workers on this shard (at least
   // a byte: the worker may always have one chunk in flight).
   w->set_window_bytes(std::max<uint64_t>(1, o.ingress_window_bytes / job_->local_size()));
+  // Results go to the job's workers here all at once: each stream gets its
+  // share of the link.
+  if (o.link_rate_bits > 0) conn_->pace(paced_share(o.link_rate_bits, job_->local_size()));
   w->set_reducer_version(TALLY_VERSION);
   w->set_group(o.group);
   w->set_group_count(o.group_count);

@@ -60,6 +60,8 @@ class FabricConnection final : public Connection,
 
   bool is_open() const override { return !closed_; }
   const std::string& peer() const override { return peer_; }
+  // libfabric's provider owns the sockets data moves on: not paced.
+  void pace(uint64_t) override {}
 
   Status describe_data_path(wire::DataPath* out) override;
 

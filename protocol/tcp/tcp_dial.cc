@@ -1,14 +1,18 @@
 // Reaching a TCP peer: the asynchronous resolve-and-connect with a deadline
-// that workers and replica links dial with, and the check of a congestion
-// control name (tally/protocol/tcp_transport.h).
+// that workers and replica links dial with, the check of a congestion
+// control name, and the link rate streams are paced to
+// (tally/protocol/tcp_transport.h).
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <boost/asio/connect.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <cctype>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <memory>
@@ -87,6 +91,56 @@ Status check_congestion_control(const std::string& name) {
   return Status(ErrorCode::kInvalidArgument,
                 "TCP congestion control '" + name + "' cannot be used here (" + strerror(err) +
                     "; allowed: " + (allowed.empty() ? "?" : allowed) + ")");
+}
+
+Result<uint64_t> parse_link_rate(const std::string& rate) {
+  size_t digits = 0;
+  while (digits < rate.size() &&
+         (std::isdigit(static_cast<unsigned char>(rate[digits])) || rate[digits] == '.')) {
+    ++digits;
+  }
+  const std::string unit = rate.substr(digits);
+  double scale = 0;
+  if (unit == "bit") scale = 1;
+  if (unit == "kbit") scale = 1e3;
+  if (unit == "mbit") scale = 1e6;
+  if (unit == "gbit") scale = 1e9;
+  if (unit == "tbit") scale = 1e12;
+  const double value = digits ? std::atof(rate.substr(0, digits).c_str()) : 0;
+  if (scale == 0 || value * scale < 8000) {
+    return Status(ErrorCode::kInvalidArgument,
+                  "rate '" + rate +
+                      "': want at least 8kbit, as a number and bit, kbit, mbit, gbit or tbit "
+                      "(tc's units), e.g. 1gbit");
+  }
+  return static_cast<uint64_t>(value * scale);
+}
+
+uint64_t paced_share(uint64_t link_rate_bits, size_t streams) {
+  const double bytes =
+      static_cast<double>(link_rate_bits) / 8 * 0.95 / std::max<size_t>(1, streams);
+  return std::max<uint64_t>(1, static_cast<uint64_t>(bytes));
+}
+
+Result<std::string> paced_congestion_control(const std::string& named) {
+  std::string chosen = named;
+  if (chosen.empty() && check_congestion_control("cubic").is_ok()) chosen = "cubic";
+  std::string effective = chosen;
+  if (effective.empty()) {
+    if (std::ifstream in("/proc/sys/net/ipv4/tcp_congestion_control"); in) {
+      std::getline(in, effective);
+    }
+  }
+  if (effective == "bbr") {
+    return Status(ErrorCode::kInvalidArgument,
+                  std::string("a link rate paces the streams, and under bbr") +
+                      (named.empty() ? " (this system's default; cubic is not allowed here)" : "") +
+                      " a capped pacing rate stalls transfers below a few MiB: name a "
+                      "loss-based congestion control (--tcp-congestion / TALLY_TCP_CONGESTION, "
+                      "e.g. cubic, which an unprivileged process may use once it is in "
+                      "net.ipv4.tcp_allowed_congestion_control), or set no link rate");
+  }
+  return chosen;
 }
 
 }  // namespace tally

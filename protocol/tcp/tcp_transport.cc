@@ -2,6 +2,7 @@
 
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <spdlog/spdlog.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -182,6 +183,18 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
 
   bool is_open() const override { return !closed_; }
   const std::string& peer() const override { return peer_; }
+
+  // The kernel paces the socket (SO_MAX_PACING_RATE: TCP's internal pacing
+  // where the qdisc does not pace). Best effort, as the congestion control:
+  // a refusal leaves the stream unpaced, with a warning.
+  void pace(uint64_t bytes_per_second) override {
+    const uint64_t rate = bytes_per_second == 0 ? ~uint64_t{0} : bytes_per_second;
+    if (::setsockopt(socket_.native_handle(), SOL_SOCKET, SO_MAX_PACING_RATE, &rate, sizeof rate) !=
+        0) {
+      spdlog::warn("stream to {} is not paced to {} bytes/s: {}", peer_, bytes_per_second,
+                   std::strerror(errno));
+    }
+  }
 
   Status describe_data_path(wire::DataPath* out) override {
     out->set_transport("tcp");

@@ -57,6 +57,8 @@ void expect_same(const ClientOptions& a, const ClientOptions& b) {
   EXPECT_EQ(a.fabric.force_registration, b.fabric.force_registration);
   EXPECT_EQ(a.fabric.max_msg_bytes, b.fabric.max_msg_bytes);
   EXPECT_EQ(a.wire_dtype, b.wire_dtype);
+  EXPECT_EQ(a.tcp_congestion, b.tcp_congestion);
+  EXPECT_EQ(a.link_rate_bits, b.link_rate_bits);
 }
 
 const Env kBase{
@@ -88,6 +90,7 @@ TEST(OptionNames, AgreeWithTheEnvironmentReader) {
                    {"TALLY_FABRIC_PROVIDER", "verbs;ofi_rxm"}}),
       with(kBase, {{"TALLY_OP_TIMEOUT_MS", ""}}),  // empty counts as unset
       with(kBase, {{"TALLY_WIRE_DTYPE", "bfloat16"}}),
+      with(kBase, {{"TALLY_LINK_RATE", "2.5gbit"}, {"TALLY_TCP_CONGESTION", "reno"}}),
   };
   for (const Env& env : cases) {
     ScopedEnv scoped(env);
@@ -101,14 +104,19 @@ TEST(OptionNames, AgreeWithTheEnvironmentReader) {
 
 TEST(OptionNames, RejectWhatTheEnvironmentRejects) {
   const std::vector<Env> cases{
-      with(kBase, {{"TALLY_RANK", "-1"}}), with(kBase, {{"TALLY_RANK", "4294967296"}}),
+      with(kBase, {{"TALLY_RANK", "-1"}}),
+      with(kBase, {{"TALLY_RANK", "4294967296"}}),
       with(kBase, {{"TALLY_CHUNK_BYTES", "1MiB"}}),
       with(kBase, {{"TALLY_FABRIC_FORCE_REGISTRATION", "maybe"}}),
       with(kBase, {{"TALLY_GROUP_SIZES", "1,x"}}),
       // Only float32 tensors have another wire, and only bfloat16.
-      with(kBase, {{"TALLY_WIRE_DTYPE", "float"}}), with(kBase, {{"TALLY_WIRE_DTYPE", "BFLOAT16"}}),
+      with(kBase, {{"TALLY_WIRE_DTYPE", "float"}}),
+      with(kBase, {{"TALLY_WIRE_DTYPE", "BFLOAT16"}}),
       with(kBase, {{"TALLY_WIRE_DTYPE", "half"}}),
-      with(kBase, {{"TALLY_RANK", "3"}}),  // validate(): not below the world size
+      with(kBase, {{"TALLY_RANK", "3"}}),        // validate(): not below the world size
+      with(kBase, {{"TALLY_LINK_RATE", "1G"}}),  // tc's units: 1gbit
+      // A capped pacing rate under bbr stalls small transfers.
+      with(kBase, {{"TALLY_LINK_RATE", "1gbit"}, {"TALLY_TCP_CONGESTION", "bbr"}}),
   };
   for (const Env& env : cases) {
     ScopedEnv scoped(env);

@@ -323,6 +323,7 @@ def test_schema_rejects_a_negative_shard_count(helm):
     ("transport=udp", "transport: transport must be one of the following"),
     ("window=0", "window: Must be greater than or equal to 1"),
     ("podAntiAffinity=maybe", "podAntiAffinity: podAntiAffinity must be one of the following"),
+    ("linkRate=25G", "linkRate: Does not match pattern"),
 ])
 def test_schema_rejects_bad_values(helm, bad, message):
     r = run_helm(helm, "template", RELEASE, CHART, "--set", bad, check=False)
@@ -361,6 +362,14 @@ def test_an_overhead_below_the_streams_bound_is_refused(helm):
     assert r.returncode != 0
     assert ("80 KiB per stream + 72 MiB per I/O thread for the fabric endpoints = 402653184"
             in r.stderr), r.stderr
+
+
+def test_a_link_rate_paces_the_reducers_and_tells_the_workers(helm):
+    assert "--link-rate" not in reducer_script(statefulset(render(helm)))
+    assert "TALLY_LINK_RATE" not in notes(helm)
+    assert "--link-rate '25gbit'" in reducer_script(statefulset(render(helm, sets=["linkRate=25gbit"])))
+    text = notes(helm, sets=["linkRate=25gbit"])
+    assert "TALLY_LINK_RATE=<the workers' link rate, e.g. 25gbit>" in text, text
 
 
 def test_large_integers_render_as_integers(helm):

@@ -3,6 +3,7 @@
 // the closed-form sum of tally/bench/pattern.h exactly.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <map>
 #include <sstream>
 #include <string>
@@ -11,6 +12,7 @@
 
 #include "harness.h"
 #include "tally/protocol/dtype.h"
+#include "tally/protocol/tcp_transport.h"
 
 namespace tally::testing {
 namespace {
@@ -405,6 +407,35 @@ std::vector<GroupCase> groups_over_fabric() {
 
 INSTANTIATE_TEST_SUITE_P(Fabric, GroupsTest, ::testing::ValuesIn(groups_over_fabric()),
                          group_case_name);
+
+// With a link rate the reducer paces each of a job's worker streams to its
+// share (--link-rate) and each worker its streams (TALLY_LINK_RATE): at
+// 16 Mbit/s the reducer's two worker streams get 950 kB/s each, so 2 MiB of
+// results take at least 2.2 s, where unpaced loopback takes milliseconds.
+// The sums stay exact.
+TEST(Pacing, StreamsArePacedToTheirShareOfTheLinkRate) {
+  if (auto paced = paced_congestion_control(""); !paced) {
+    GTEST_SKIP() << "no congestion control to pace with here: " << paced.status().to_string();
+  }
+  PoolSpec spec;
+  spec.reducer_args.insert(spec.reducer_args.end(), {"--link-rate", "16mbit"});
+  TestCluster cluster(spec);
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  const auto start = std::chrono::steady_clock::now();
+  WorkerGroup workers(cluster, "w", unique_job("paced"), 2,
+                      [](uint32_t) {
+                        return Args{"--count", std::to_string(512 * 1024)};
+                      },
+                      {{"TALLY_CHUNK_BYTES", "4096"}, {"TALLY_LINK_RATE", "16mbit"}});
+  for (uint32_t r = 0; r < 2; ++r) {
+    WorkerOutput out = workers.wait(r, std::chrono::seconds(60));
+    EXPECT_EQ(out.exit_code, 0) << "rank " << r << ":\n" << out.out;
+    EXPECT_NE(out.out.find("\nok\n"), std::string::npos) << out.out;
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_GE(seconds, 1.8) << "2 MiB of results per worker at 950 kB/s each";
+}
 
 }  // namespace
 }  // namespace tally::testing

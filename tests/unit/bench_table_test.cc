@@ -4,6 +4,7 @@
 
 #include "tally/bench/netlab.h"
 #include "tally/bench/table.h"
+#include "tally/protocol/tcp_transport.h"
 
 namespace tally::bench {
 namespace {
@@ -49,12 +50,12 @@ TEST(BenchTable, HumanBytes) {
 }
 
 TEST(Netlab, RatesInTcUnits) {
-  EXPECT_EQ(*parse_rate("1gbit"), 1000000000u);
-  EXPECT_EQ(*parse_rate("2.5gbit"), 2500000000u);
-  EXPECT_EQ(*parse_rate("500mbit"), 500000000u);
-  EXPECT_EQ(*parse_rate("64kbit"), 64000u);
+  EXPECT_EQ(*parse_link_rate("1gbit"), 1000000000u);
+  EXPECT_EQ(*parse_link_rate("2.5gbit"), 2500000000u);
+  EXPECT_EQ(*parse_link_rate("500mbit"), 500000000u);
+  EXPECT_EQ(*parse_link_rate("64kbit"), 64000u);
   for (const char* bad : {"", "1", "gbit", "1gbps", "1 gbit", "1kbit"}) {
-    auto r = parse_rate(bad);
+    auto r = parse_link_rate(bad);
     EXPECT_FALSE(r) << bad;
     if (!r) {
       EXPECT_EQ(r.status().code(), ErrorCode::kInvalidArgument);

@@ -1,7 +1,9 @@
 // The TCP transport over a real loopback stream: frames larger than one
 // write or read call arrive whole and in order, whatever pieces the bytes
 // come in; control frames queued for a peer that does not read are capped
-// per stream and across the streams that share a budget.
+// per stream and across the streams that share a budget; a paced stream's
+// socket carries its pacing rate, and the share and congestion control
+// streams are paced with.
 #include "tally/protocol/tcp_transport.h"
 
 #include <gtest/gtest.h>
@@ -13,6 +15,7 @@
 #include <chrono>
 #include <cstddef>
 #include <deque>
+#include <fstream>
 #include <memory>
 #include <optional>
 #include <string>
@@ -224,6 +227,61 @@ TEST(TcpTransport, ControlFramesForAPeerThatDoesNotReadAreCappedPerStreamAndShar
   ASSERT_TRUE(second_handler->closed.has_value());
   budget->give(budget->limit());
   EXPECT_EQ(budget->used(), 0u);
+}
+
+// The rate reaches the kernel (SO_MAX_PACING_RATE), which paces the socket;
+// 0 lifts it.
+TEST(TcpTransport, PaceSetsTheSocketsMaximumPacingRate) {
+  LoopbackPair pair;
+  const int fd = pair.server.native_handle();
+  auto conn = make_tcp_connection(std::move(pair.server), ConnectionOptions{});
+  auto max_pacing_rate = [fd] {
+    uint64_t rate = 0;
+    socklen_t len = sizeof rate;
+    EXPECT_EQ(::getsockopt(fd, SOL_SOCKET, SO_MAX_PACING_RATE, &rate, &len), 0);
+    return rate;
+  };
+  const uint64_t unpaced = max_pacing_rate();
+  conn->pace(29687500);
+  EXPECT_EQ(max_pacing_rate(), 29687500u);
+  conn->pace(0);
+  EXPECT_EQ(max_pacing_rate(), unpaced);
+  conn->close(Status(ErrorCode::kCancelled, "done"));
+}
+
+TEST(TcpTransport, StreamsSharingALinkArePacedToEqualSharesOf95Percent) {
+  EXPECT_EQ(paced_share(1000000000, 4), 29687500u);  // 1gbit / 8 x 0.95 / 4
+  EXPECT_EQ(paced_share(10000000000, 1), 1187500000u);
+  EXPECT_EQ(paced_share(8000, 1000000), 1u);  // never 0, which would mean unpaced
+  EXPECT_EQ(*parse_link_rate("10gbit"), 10000000000u);
+  EXPECT_FALSE(parse_link_rate("10G").is_ok());
+  EXPECT_FALSE(parse_link_rate("").is_ok());
+}
+
+// bbr with a capped pacing rate stalled small transfers (architecture.md,
+// "Pacing to the link"): paced streams take cubic, or what is named, and
+// never bbr.
+TEST(TcpTransport, PacedStreamsTakeCubicOrWhatIsNamedButNotBbr) {
+  auto named = paced_congestion_control("reno");
+  ASSERT_TRUE(named.is_ok()) << named.status().to_string();
+  EXPECT_EQ(*named, "reno");
+  auto bbr = paced_congestion_control("bbr");
+  ASSERT_FALSE(bbr.is_ok());
+  EXPECT_EQ(bbr.status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(bbr.status().message().find("name a loss-based congestion control"), std::string::npos)
+      << bbr.status().to_string();
+  std::string system_default;
+  std::ifstream("/proc/sys/net/ipv4/tcp_congestion_control") >> system_default;
+  auto chosen = paced_congestion_control("");
+  if (check_congestion_control("cubic").is_ok()) {
+    ASSERT_TRUE(chosen.is_ok()) << chosen.status().to_string();
+    EXPECT_EQ(*chosen, "cubic");
+  } else if (system_default == "bbr") {
+    EXPECT_FALSE(chosen.is_ok());
+  } else {
+    ASSERT_TRUE(chosen.is_ok()) << chosen.status().to_string();
+    EXPECT_EQ(*chosen, "");
+  }
 }
 
 }  // namespace

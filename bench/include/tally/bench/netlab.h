@@ -34,10 +34,6 @@ std::vector<std::string> netns_list();
 // Returns the names it deleted.
 std::vector<std::string> remove_stale_namespaces(const std::string& prefix);
 
-// A rate as tc writes it ("1gbit", "500mbit", "100kbit", "2000000bit"), in
-// bits per second. Errors: kInvalidArgument.
-Result<uint64_t> parse_rate(const std::string& rate);
-
 // Why this process cannot make a lab ("" when it can): not root, no ip or
 // no tc. Checked before anything is made.
 std::string netlab_refusal();

@@ -91,6 +91,13 @@ struct ClientOptions {
   // TCP congestion control of the streams to the reducers (TCP_CONGESTION,
   // e.g. "cubic"); empty: the system's default. TALLY_TCP_CONGESTION.
   std::string tcp_congestion;
+  // The rate of this worker's link, in bits per second (0: unknown). Each
+  // stream to a reducer is paced to an equal share of it, so that the
+  // contributions sent to the S reducers at once stay within the link; the
+  // streams then use cubic unless tcp_congestion names another
+  // (docs/architecture.md, "Pacing to the link"). TALLY_LINK_RATE, in tc's
+  // units (e.g. 10gbit).
+  uint64_t link_rate_bits = 0;
   // Surviving a reducer restart (docs/protocol.md, "Resuming"): a worker
   // whose stream to a reducer is lost reconnects for up to op_timeout and
   // sends the chunks of its ops in flight again; to do so it keeps a copy

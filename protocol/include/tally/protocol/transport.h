@@ -178,6 +178,11 @@ class Connection {
   virtual Status attach_data_path(const wire::DataPath& peer) = 0;
   // "host:port" of the peer, for messages.
   virtual const std::string& peer() const = 0;
+  // Sends no faster than `bytes_per_second` on average (0: no cap), so that
+  // the streams sharing a link together stay within it (--link-rate,
+  // TALLY_LINK_RATE). A stream whose data does not pass its kernel socket
+  // (the fabric data path) is not paced.
+  virtual void pace(uint64_t bytes_per_second) = 0;
 };
 
 }  // namespace tally

@@ -43,6 +43,11 @@ struct ReducerOptions {
   // this reducer without their results (incast control); each worker stream
   // gets an equal share in its Welcome. docs/architecture.md says why 16 MiB.
   size_t ingress_window_bytes = 16u << 20;
+  // The rate of this reducer's link, in bits per second (0: unknown). Each
+  // worker stream is paced to an equal share of it, so that the results
+  // sent to a job's workers at once stay within the link
+  // (docs/architecture.md, "Pacing to the link"). --link-rate.
+  uint64_t link_rate_bits = 0;
   ConnectionOptions connection;
   // "tcp": data on the TCP streams only. "fabric": also serves workers that
   // ask for the libfabric data path (tcp workers are still served).
