@@ -245,11 +245,6 @@ void ShardLink::on_connected(Result<asio::ip::tcp::socket> r) {
   copts.peer_timeout = client_.options.peer_timeout;
   copts.congestion_control = client_.options.tcp_congestion;
   conn_ = make_connection(client_.fabric, std::move(*r), copts);
-  // Contributions go to the group's S reducers at once: each stream gets
-  // its share of the link.
-  if (client_.options.link_rate_bits > 0) {
-    conn_->pace(paced_share(client_.options.link_rate_bits, client_.links.size()));
-  }
   conn_->start(shared_from_this());
   wire::Control hello;
   auto* h = hello.mutable_hello();
@@ -325,6 +320,14 @@ void ShardLink::on_welcome(const wire::Welcome& w) {
     fatal_ = bad;  // what on_closed reports (and, while resuming, gives up on)
     settle(bad);
     return conn_->close(bad);
+  }
+  // Contributions go to the group's S reducers at once: each stream gets
+  // its share of this worker's link, and no more than the reducer's share
+  // of its own, which W workers send to at once.
+  if (client_.options.link_rate_bits > 0) {
+    uint64_t rate = paced_share(client_.options.link_rate_bits, client_.links.size());
+    if (w.rate_bytes() > 0) rate = std::min<uint64_t>(rate, w.rate_bytes());
+    conn_->pace(rate);
   }
   window = w.window_chunks();
   window_bytes = w.window_bytes();

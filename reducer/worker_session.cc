@@ -246,7 +246,10 @@ void WorkerSession::join(std::shared_ptr<const wire::Hello> hello, bool authenti
   w->set_window_bytes(std::max<uint64_t>(1, o.ingress_window_bytes / job_->local_size()));
   // Results go to the job's workers here all at once: each stream gets its
   // share of the link.
-  if (o.link_rate_bits > 0) conn_->pace(paced_share(o.link_rate_bits, job_->local_size()));
+  if (o.link_rate_bits > 0) {
+    w->set_rate_bytes(paced_share(o.link_rate_bits, job_->local_size()));
+    conn_->pace(w->rate_bytes());
+  }
   w->set_reducer_version(TALLY_VERSION);
   w->set_group(o.group);
   w->set_group_count(o.group_count);

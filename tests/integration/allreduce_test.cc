@@ -4,9 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdio>
 #include <map>
+#include <regex>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -408,11 +411,31 @@ std::vector<GroupCase> groups_over_fabric() {
 INSTANTIATE_TEST_SUITE_P(Fabric, GroupsTest, ::testing::ValuesIn(groups_over_fabric()),
                          group_case_name);
 
+// The maximum pacing rates, in bytes per second, of the established TCP
+// sockets that `ss` selects with `filter` (those that have one).
+std::vector<uint64_t> max_pacing_rates(const std::string& filter) {
+  std::vector<uint64_t> rates;
+  const std::string command = "ss -tinH state established '( " + filter + " )' 2>/dev/null";
+  FILE* ss = ::popen(command.c_str(), "r");
+  if (!ss) return rates;
+  std::string out;
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, ss)) > 0;) out.append(buf, n);
+  ::pclose(ss);
+  static const std::regex rate(R"(pacing_rate \d+bps/(\d+)bps)");
+  for (std::sregex_iterator it(out.begin(), out.end(), rate), end; it != end; ++it) {
+    rates.push_back(std::stoull((*it)[1]) / 8);
+  }
+  return rates;
+}
+
 // With a link rate the reducer paces each of a job's worker streams to its
-// share (--link-rate) and each worker its streams (TALLY_LINK_RATE): at
-// 16 Mbit/s the reducer's two worker streams get 950 kB/s each, so 2 MiB of
-// results take at least 2.2 s, where unpaced loopback takes milliseconds.
-// The sums stay exact.
+// share (--link-rate) and tells the worker that share in its Welcome; a
+// worker paces each stream to its own share (TALLY_LINK_RATE) or the
+// reducer's, whichever is less. At 16 Mbit/s the reducer's two worker
+// streams get 950 kB/s each, below the workers' 12 Mbit/s (1.425 MB/s), so
+// 2 MiB each way take at least 2.2 s, where unpaced loopback takes
+// milliseconds. The sums stay exact.
 TEST(Pacing, StreamsArePacedToTheirShareOfTheLinkRate) {
   if (auto paced = paced_congestion_control(""); !paced) {
     GTEST_SKIP() << "no congestion control to pace with here: " << paced.status().to_string();
@@ -426,7 +449,22 @@ TEST(Pacing, StreamsArePacedToTheirShareOfTheLinkRate) {
                       [](uint32_t) {
                         return Args{"--count", std::to_string(512 * 1024)};
                       },
-                      {{"TALLY_CHUNK_BYTES", "4096"}, {"TALLY_LINK_RATE", "16mbit"}});
+                      {{"TALLY_CHUNK_BYTES", "4096"}, {"TALLY_LINK_RATE", "12mbit"}});
+  // While the op runs: the reducer's side of each worker stream, and the
+  // workers' side.
+  const std::string port = cluster.pool_string().substr(cluster.pool_string().rfind(':') + 1);
+  const std::vector<uint64_t> share{950000, 950000};
+  std::vector<uint64_t> reducer_side, worker_side;
+  for (auto deadline = start + std::chrono::seconds(20);
+       std::chrono::steady_clock::now() < deadline &&
+       (reducer_side != share || worker_side != share);
+       std::this_thread::sleep_for(std::chrono::milliseconds(20))) {
+    // The last look that found both streams.
+    if (auto r = max_pacing_rates("sport = :" + port); r.size() == 2) reducer_side = r;
+    if (auto w = max_pacing_rates("dport = :" + port); w.size() == 2) worker_side = w;
+  }
+  EXPECT_EQ(reducer_side, share);
+  EXPECT_EQ(worker_side, share) << "the workers' own share is 1425000";
   for (uint32_t r = 0; r < 2; ++r) {
     WorkerOutput out = workers.wait(r, std::chrono::seconds(60));
     EXPECT_EQ(out.exit_code, 0) << "rank " << r << ":\n" << out.out;
@@ -434,7 +472,7 @@ TEST(Pacing, StreamsArePacedToTheirShareOfTheLinkRate) {
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  EXPECT_GE(seconds, 1.8) << "2 MiB of results per worker at 950 kB/s each";
+  EXPECT_GE(seconds, 1.8) << "2 MiB each way per worker at 950 kB/s";
 }
 
 }  // namespace

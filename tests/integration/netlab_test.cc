@@ -54,6 +54,8 @@ TEST(Netlab, BenchRunsInTheLabWithPeersAndRemovesIt) {
   ASSERT_TRUE(st.has_value());
   EXPECT_EQ(*st, 0) << out << read_file(dir + "/stderr");
   EXPECT_TRUE(contains(out, "transport=tcp W=2 S=2 G=1")) << out;
+  // tally's streams are paced to the lab's rate (the workers' TALLY_LINK_RATE).
+  EXPECT_TRUE(contains(out, "link-rate=1gbit")) << out;
   const auto tables = bench::parse_tables(out, "tally");
   ASSERT_FALSE(tables.empty()) << out;
   EXPECT_EQ(tables.front().name, "tally");
