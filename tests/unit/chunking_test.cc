@@ -203,13 +203,14 @@ TEST(ChunkPlan, LargeTensorsGetTheTargetPiecesPerShard) {
 }
 
 TEST(ChunkPlan, PiecesStopAtTheCeiling) {
-  // 1 GiB over 2 shards: 512 MiB / 16 = 32 MiB, capped at 1 MiB.
+  // 1 GiB over 2 shards: 512 MiB / 16 = 32 MiB, capped at 256 KiB.
   const ChunkPlan plan(1024 * MiB, DType::kFloat32, 2);
   EXPECT_EQ(plan.piece_bytes(), kPlanMaxPieceBytes);
-  EXPECT_EQ(plan.chunks_on_shard(0), 512u);
+  EXPECT_EQ(plan.piece_bytes(), 256 * KiB);
+  EXPECT_EQ(plan.chunks_on_shard(0), 2048u);
   // A reducer that takes less bounds the pieces further.
-  const ChunkPlan small(1024 * MiB, DType::kFloat32, 2, {.max_chunk_bytes = 256 * KiB});
-  EXPECT_EQ(small.piece_bytes(), 256 * KiB);
+  const ChunkPlan small(1024 * MiB, DType::kFloat32, 2, {.max_chunk_bytes = 128 * KiB});
+  EXPECT_EQ(small.piece_bytes(), 128 * KiB);
   // Even below the floor: a reducer's limit is never exceeded.
   const ChunkPlan tiny(MiB, DType::kFloat32, 1, {.max_chunk_bytes = 4096});
   EXPECT_EQ(tiny.piece_bytes(), 4096u);

@@ -36,7 +36,7 @@ namespace tally {
 // docs/architecture.md, "The chunk plan".
 inline constexpr uint32_t kPlanTargetPieces = 16;            // per shard
 inline constexpr uint64_t kPlanMinPieceBytes = 64u << 10;    // per-frame cost floor
-inline constexpr uint64_t kPlanMaxPieceBytes = 1u << 20;     // keeps byte windows a few pieces deep
+inline constexpr uint64_t kPlanMaxPieceBytes = 256u << 10;   // fill and drain on paced links
 inline constexpr uint64_t kPlanMinShardBytes = 16u << 10;    // per reducer an op reaches
 inline constexpr uint64_t kDefaultMaxChunkBytes = 4u << 20;  // the reducer's --max-chunk-bytes
 // The largest --max-chunk-bytes a reducer may have (so the largest data frame
