@@ -36,6 +36,21 @@ def test_malformed_pool_and_missing_arguments():
     assert "rank 5 is not below world size 2" in str(e.value)
 
 
+def test_link_rate_is_checked_and_paces_the_streams(pool):
+    with pytest.raises(tally.InvalidArgumentError) as e:
+        tally.Client(pool=pool.address, job="j", rank=0, world_size=1, link_rate="1G", env=False)
+    assert "TALLY_LINK_RATE" in str(e.value) and "1gbit" in str(e.value)
+    with pytest.raises(tally.InvalidArgumentError) as e:
+        tally.Client(pool=pool.address, job="j", rank=0, world_size=1, link_rate="1gbit",
+                     tcp_congestion="bbr", env=False)
+    assert "under bbr" in str(e.value)
+    with tally.Client(pool=pool.address, job=new_job("paced"), rank=0, world_size=1,
+                      link_rate="10gbit", tcp_congestion="reno", env=False) as c:
+        t = torch.arange(10, dtype=torch.float32)
+        c.allreduce(t)
+        assert t.tolist() == list(range(10))
+
+
 def test_environment_is_read(monkeypatch, pool):
     monkeypatch.setenv("TALLY_POOL", pool.address)
     monkeypatch.setenv("TALLY_JOB", new_job("env"))

@@ -67,6 +67,8 @@ _KEYWORDS = {
     "wire_dtype": "TALLY_WIRE_DTYPE",
     "wire_result": "TALLY_WIRE_RESULT",
     "resume_bytes": "TALLY_RESUME_BYTES",
+    "tcp_congestion": "TALLY_TCP_CONGESTION",
+    "link_rate": "TALLY_LINK_RATE",
 }
 _REQUIRED = ("pool", "job", "rank", "world_size")
 
@@ -95,7 +97,10 @@ class Client:
     list, in (group, shard) order), job, rank, world_size, groups, group,
     group_sizes, chunk_bytes, op_timeout_ms, connect_timeout_ms, heartbeat_ms,
     peer_timeout_ms, transport, fabric_provider, fabric_force_registration,
-    fabric_max_msg_bytes. With ``env=False`` the environment is not read.
+    fabric_max_msg_bytes, wire_dtype, wire_result, resume_bytes,
+    tcp_congestion, link_rate (this worker's link rate in tc's units, e.g.
+    "10gbit": its streams are paced to their share of it). With
+    ``env=False`` the environment is not read.
 
     Connecting blocks (without the GIL) up to the connect timeout, and raises
     a tally.Error naming the reducer that could not be reached or refused.
