@@ -273,6 +273,10 @@ void Client::Impl::on_link_closed(uint32_t shard, const Status& status) {
 
 Result<std::unique_ptr<Client>> Client::connect(const ClientOptions& options) {
   TALLY_RETURN_IF_ERROR(validate(options));
+  // validate checked it; this keeps the choice.
+  auto congestion = stream_congestion_control(options.tcp_congestion, options.link_rate_bits,
+                                              "TALLY_TCP_CONGESTION", "TALLY_LINK_RATE");
+  if (!congestion) return congestion.status();
   // spdlog makes its registry on first use, in libspdlog (which sanitizers
   // do not see into): made once here, before any client's I/O thread can
   // log, every thread that logs is ordered after it.
@@ -280,11 +284,7 @@ Result<std::unique_ptr<Client>> Client::connect(const ClientOptions& options) {
   std::call_once(logging, [] { spdlog::default_logger_raw(); });
   auto impl = std::make_unique<Impl>();
   impl->options = options;
-  if (options.link_rate_bits > 0) {
-    auto paced = paced_congestion_control(options.tcp_congestion);
-    if (!paced) return paced.status().with_context("TALLY_LINK_RATE");
-    impl->options.tcp_congestion = *paced;
-  }
+  impl->options.tcp_congestion = *congestion;
   impl->job = job_id(options.job);
   if (options.transport == "fabric") {
     auto fabric = Fabric::open(options.fabric);

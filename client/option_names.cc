@@ -241,15 +241,9 @@ Status validate(const ClientOptions& o) {
     return bad("transport must be 'tcp' or 'fabric', not '" + o.transport + "'");
   }
   if (o.transport == "fabric" && o.fabric.provider.empty()) return bad("fabric provider is empty");
-  if (Status s = check_congestion_control(o.tcp_congestion); !s.is_ok()) {
-    return s.with_context("TALLY_TCP_CONGESTION");
-  }
-  if (o.link_rate_bits > 0) {
-    if (auto paced = paced_congestion_control(o.tcp_congestion); !paced) {
-      return paced.status().with_context("TALLY_LINK_RATE");
-    }
-  }
-  return Status::ok();
+  return stream_congestion_control(o.tcp_congestion, o.link_rate_bits, "TALLY_TCP_CONGESTION",
+                                   "TALLY_LINK_RATE")
+      .status();
 }
 
 Result<ClientOptions> client_options_from_env() {

@@ -353,16 +353,13 @@ Status check_options(const ReducerOptions& options) {
 
 Result<std::unique_ptr<Reducer>> Reducer::start(const ReducerOptions& options) {
   TALLY_RETURN_IF_ERROR(check_options(options));
-  std::string congestion = options.connection.congestion_control;
-  if (options.link_rate_bits > 0) {
-    auto paced = paced_congestion_control(congestion);
-    if (!paced) return paced.status().with_context("--link-rate");
-    congestion = *paced;
-  }
-  TALLY_RETURN_IF_ERROR(check_congestion_control(congestion).with_context("--tcp-congestion"));
+  auto congestion =
+      stream_congestion_control(options.connection.congestion_control, options.link_rate_bits,
+                                "--tcp-congestion", "--link-rate");
+  if (!congestion) return congestion.status();
   auto impl = std::make_shared<Impl>();
   impl->context->options = options;
-  impl->context->options.connection.congestion_control = congestion;
+  impl->context->options.connection.congestion_control = *congestion;
   // Every stream's queued control frames together (transport.h).
   impl->context->options.connection.control_budget =
       std::make_shared<ControlBudget>(kReducerControlBudgetBytes);

@@ -143,4 +143,15 @@ Result<std::string> paced_congestion_control(const std::string& named) {
   return chosen;
 }
 
+Result<std::string> stream_congestion_control(const std::string& named, uint64_t link_rate_bits,
+                                              const std::string& congestion_option,
+                                              const std::string& rate_option) {
+  TALLY_RETURN_IF_ERROR(check_congestion_control(named).with_context(congestion_option));
+  if (link_rate_bits == 0) return named;
+  // cubic only where check_congestion_control allowed it, else `named`.
+  auto paced = paced_congestion_control(named);
+  if (!paced) return paced.status().with_context(rate_option);
+  return paced;
+}
+
 }  // namespace tally

@@ -284,5 +284,23 @@ TEST(TcpTransport, PacedStreamsTakeCubicOrWhatIsNamedButNotBbr) {
   }
 }
 
+// The reducer and the client choose through one function; its errors name
+// the option at fault, and without a rate the named algorithm stands.
+TEST(TcpTransport, StreamCongestionControlNamesTheOptionAtFault) {
+  auto unpaced = stream_congestion_control("reno", 0, "--tcp-congestion", "--link-rate");
+  ASSERT_TRUE(unpaced.is_ok()) << unpaced.status().to_string();
+  EXPECT_EQ(*unpaced, "reno");
+  auto bogus =
+      stream_congestion_control("no-such-cc", 1000000000, "--tcp-congestion", "--link-rate");
+  ASSERT_FALSE(bogus.is_ok());
+  EXPECT_EQ(bogus.status().message().find("--tcp-congestion"), 0u) << bogus.status().to_string();
+  auto paced_bbr = stream_congestion_control("bbr", 1000000000, "--tcp-congestion", "--link-rate");
+  ASSERT_FALSE(paced_bbr.is_ok());
+  EXPECT_EQ(paced_bbr.status().message().find("--link-rate"), 0u) << paced_bbr.status().to_string();
+  auto paced = stream_congestion_control("reno", 1000000000, "--tcp-congestion", "--link-rate");
+  ASSERT_TRUE(paced.is_ok()) << paced.status().to_string();
+  EXPECT_EQ(*paced, "reno");
+}
+
 }  // namespace
 }  // namespace tally

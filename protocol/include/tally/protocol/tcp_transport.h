@@ -46,6 +46,16 @@ uint64_t paced_share(uint64_t link_rate_bits, size_t streams);
 // Errors: kInvalidArgument saying which algorithm and what to do.
 Result<std::string> paced_congestion_control(const std::string& named);
 
+// The congestion control a process's streams use, checked usable here:
+// `named` (--tcp-congestion, TALLY_TCP_CONGESTION; empty is the system's
+// default), or with a link rate set, paced_congestion_control's choice. The
+// one way the reducer and the client choose it. Errors: kInvalidArgument,
+// in the context of `congestion_option` or `rate_option`, whichever is at
+// fault.
+Result<std::string> stream_congestion_control(const std::string& named, uint64_t link_rate_bits,
+                                              const std::string& congestion_option,
+                                              const std::string& rate_option);
+
 // Resolves and connects within `timeout`, trying each resolved address.
 // `done` runs on `ctx` with the socket or kUnavailable / kTimeout naming the
 // address.
