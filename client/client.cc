@@ -329,10 +329,14 @@ Result<std::unique_ptr<Client>> Client::connect(const ClientOptions& options) {
   // future became ready), and no op has started yet.
   im.plan_settings.chunk_bytes = options.chunk_bytes;
   im.plan_settings.max_chunk_bytes = std::numeric_limits<uint64_t>::max();
+  uint64_t slowest_link = std::numeric_limits<uint64_t>::max();  // 0: some reducer has no rate
   for (auto& link : im.links) {
     im.plan_settings.max_chunk_bytes =
         std::min(im.plan_settings.max_chunk_bytes, link->max_chunk_bytes);
+    slowest_link = std::min(slowest_link, link->link_rate_bits);
   }
+  im.plan_settings.min_piece_bytes =
+      min_piece_bytes_for_link(slowest_link, static_cast<uint32_t>(im.links.size()));
   return client;
 }
 

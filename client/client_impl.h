@@ -110,8 +110,9 @@ struct Client::Impl {
   uint64_t job = 0;
   uint32_t group = 0;
   std::vector<uint32_t> group_sizes;  // as sent in Hello
-  // Every op's chunk plan; max_chunk_bytes is the smallest the Welcomes gave
-  // (set before connect() returns, read-only afterwards).
+  // Every op's chunk plan; max_chunk_bytes is the smallest the Welcomes
+  // gave, min_piece_bytes follows the slowest reducer link they gave (set
+  // before connect() returns, read-only afterwards).
   PlanSettings plan_settings;
   // Staging buffers of finished bfloat16-wire ops, reused by the next ones
   // (no allocation and no page faults per op once warm); I/O thread only.

@@ -332,6 +332,7 @@ void ShardLink::on_welcome(const wire::Welcome& w) {
   window = w.window_chunks();
   window_bytes = w.window_bytes();
   max_chunk_bytes = w.max_chunk_bytes();
+  link_rate_bits = w.link_rate_bits();
   settle(Status::ok());
 }
 

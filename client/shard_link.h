@@ -61,6 +61,7 @@ class ShardLink final : public FrameHandler, public std::enable_shared_from_this
   uint32_t window = 1;
   uint64_t window_bytes = 0;
   uint64_t max_chunk_bytes = 0;
+  uint64_t link_rate_bits = 0;  // the Welcome's: the reducer's --link-rate, or 0
   uint32_t inflight = 0;
   uint64_t inflight_bytes = 0;
   // Chunks to send, in (op, chunk) order: contributions, or replays of

@@ -14,6 +14,14 @@ uint64_t max_piece_elements(uint64_t max_chunk_bytes, DType dtype) {
   return std::max<uint64_t>(1, max_chunk_bytes / (esize == 2 ? 4 : esize));
 }
 
+uint64_t min_piece_bytes_for_link(uint64_t link_rate_bits, uint32_t shards) {
+  if (link_rate_bits == 0) return kPlanMinPieceBytes;
+  // paced_share's 95% of the link over the shards, for 1 ms; integers, so
+  // every rank computes the same floor.
+  const uint64_t per_ms = link_rate_bits / 8 * 95 / 100 / std::max<uint32_t>(1, shards) / 1000;
+  return std::clamp<uint64_t>(per_ms, kPlanPacedMinPieceBytes, kPlanMinPieceBytes);
+}
+
 ChunkPlan::ChunkPlan(uint64_t nbytes, DType dtype, uint32_t shards, const PlanSettings& settings,
                      uint64_t op)
     : esize_(dtype_size(dtype)), shards_(shards) {

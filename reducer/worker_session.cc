@@ -246,6 +246,7 @@ void WorkerSession::join(std::shared_ptr<const wire::Hello> hello, bool authenti
   w->set_window_bytes(std::max<uint64_t>(1, o.ingress_window_bytes / job_->local_size()));
   // Results go to the job's workers here all at once: each stream gets its
   // share of the link.
+  w->set_link_rate_bits(o.link_rate_bits);
   if (o.link_rate_bits > 0) {
     w->set_rate_bytes(paced_share(o.link_rate_bits, job_->local_size()));
     conn_->pace(w->rate_bytes());

@@ -13,7 +13,10 @@
 #include <tuple>
 #include <vector>
 
+#include "clients.h"
 #include "harness.h"
+#include "tally/bench/pattern.h"
+#include "tally/protocol/chunking.h"
 #include "tally/protocol/dtype.h"
 #include "tally/protocol/tcp_transport.h"
 
@@ -473,6 +476,39 @@ TEST(Pacing, StreamsArePacedToTheirShareOfTheLinkRate) {
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_GE(seconds, 1.8) << "2 MiB each way per worker at 950 kB/s";
+}
+
+// The Welcome carries each reducer's link rate, and the workers cut by the
+// slowest: on a pool at 500 Mbit/s a 1 MiB op over 2 shards gets pieces of
+// about a millisecond of a stream's share (29.7 kB, so the 32 KiB paced
+// floor), where an unpaced pool keeps the 64 KiB floor. The sums stay exact
+// either way.
+TEST(Pacing, WorkersCutPiecesByTheSlowestReducerLink) {
+  if (auto paced = paced_congestion_control(""); !paced) {
+    GTEST_SKIP() << "no congestion control to pace with here: " << paced.status().to_string();
+  }
+  for (const std::string rate : {"500mbit", "off"}) {
+    SCOPED_TRACE("--link-rate " + rate);
+    PoolSpec spec{.shards = 2};
+    spec.reducer_args = {"--max-chunk-bytes", "1MiB", "--memory-budget", "16MiB",
+                         "--log-level",       "info"};
+    if (rate != "off") spec.reducer_args.insert(spec.reducer_args.end(), {"--link-rate", rate});
+    TestCluster cluster(spec);
+    ASSERT_TRUE(cluster.ok()) << cluster.error();
+    constexpr uint32_t kWorld = 2;
+    auto clients = connect_all(cluster, unique_job("cut"), kWorld,
+                               [](ClientOptions& o, uint32_t) { o.chunk_bytes = 0; });
+    ASSERT_EQ(clients.size(), kWorld);
+    const ChunkPlan plan = clients[0]->plan(256 * 1024, DType::kFloat32, 0);
+    EXPECT_EQ(plan.piece_bytes(), rate == "off" ? kPlanMinPieceBytes : kPlanPacedMinPieceBytes);
+    on_every_rank(kWorld, [&](uint32_t r) {
+      std::vector<float> data(256 * 1024);
+      bench::fill_pattern(data.data(), data.size(), r);
+      Status s = clients[r]->allreduce(data.data(), data.size(), DType::kFloat32, RedOp::kSum);
+      EXPECT_TRUE(s.is_ok()) << s.to_string();
+      EXPECT_EQ(bench::count_wrong(data.data(), data.size(), kWorld, RedOp::kSum), 0u);
+    });
+  }
 }
 
 }  // namespace

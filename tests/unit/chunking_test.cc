@@ -195,6 +195,25 @@ TEST(ChunkPlan, OneMiBSpreadsOverEveryShardInFloorSizedPieces) {
   EXPECT_EQ(plan.chunk_count(), 16u);
 }
 
+// On slow paced links the floor is about 1 ms of a stream's share of the
+// link (architecture.md, "The chunk plan"): a 1 MiB op at 1 Gbit/s over 4
+// shards (29.7 MB/s a stream) is cut in 32 KiB pieces, 8 a shard.
+TEST(ChunkPlan, SlowPacedLinksLowerThePieceFloor) {
+  EXPECT_EQ(min_piece_bytes_for_link(0, 4), kPlanMinPieceBytes);  // no rate: unpaced
+  EXPECT_EQ(min_piece_bytes_for_link(1000000000, 4), kPlanPacedMinPieceBytes);
+  EXPECT_EQ(min_piece_bytes_for_link(1500000000, 4), 44531u);  // 178.1 MB/s / 4 for 1 ms
+  EXPECT_EQ(min_piece_bytes_for_link(10000000000, 4), kPlanMinPieceBytes);
+  EXPECT_EQ(min_piece_bytes_for_link(1000000000, 0), kPlanMinPieceBytes);  // no shards: 1
+  const ChunkPlan plan(MiB, DType::kFloat32, 4,
+                       {.min_piece_bytes = min_piece_bytes_for_link(1000000000, 4)});
+  EXPECT_EQ(plan.piece_bytes(), 32 * KiB);
+  EXPECT_EQ(plan.chunks_on_shard(0), 8u);
+  // From 4 MiB (1 MiB a shard, 64 KiB / 16) the floor no longer binds.
+  const ChunkPlan large(4 * MiB, DType::kFloat32, 4,
+                        {.min_piece_bytes = min_piece_bytes_for_link(1000000000, 4)});
+  EXPECT_EQ(large.piece_bytes(), ChunkPlan(4 * MiB, DType::kFloat32, 4).piece_bytes());
+}
+
 TEST(ChunkPlan, LargeTensorsGetTheTargetPiecesPerShard) {
   // 16 MiB over 4 shards: 4 MiB each, / 16 = 256 KiB pieces.
   const ChunkPlan plan(16 * MiB, DType::kFloat32, 4);

@@ -34,11 +34,12 @@ namespace tally {
 
 // Defaults of the automatic plan; the reasons (measurements) are in
 // docs/architecture.md, "The chunk plan".
-inline constexpr uint32_t kPlanTargetPieces = 16;            // per shard
-inline constexpr uint64_t kPlanMinPieceBytes = 64u << 10;    // per-frame cost floor
-inline constexpr uint64_t kPlanMaxPieceBytes = 256u << 10;   // fill and drain on paced links
-inline constexpr uint64_t kPlanMinShardBytes = 16u << 10;    // per reducer an op reaches
-inline constexpr uint64_t kDefaultMaxChunkBytes = 4u << 20;  // the reducer's --max-chunk-bytes
+inline constexpr uint32_t kPlanTargetPieces = 16;               // per shard
+inline constexpr uint64_t kPlanMinPieceBytes = 64u << 10;       // per-frame cost floor
+inline constexpr uint64_t kPlanPacedMinPieceBytes = 32u << 10;  // floor on slow paced links
+inline constexpr uint64_t kPlanMaxPieceBytes = 256u << 10;      // fill and drain on paced links
+inline constexpr uint64_t kPlanMinShardBytes = 16u << 10;       // per reducer an op reaches
+inline constexpr uint64_t kDefaultMaxChunkBytes = 4u << 20;     // the reducer's --max-chunk-bytes
 // The largest --max-chunk-bytes a reducer may have (so the largest data frame
 // a worker may be sent, known before the Welcome says the actual limit).
 inline constexpr uint64_t kMaxChunkBytesLimit = 1u << 30;
@@ -48,6 +49,16 @@ inline constexpr uint64_t kMaxChunkBytesLimit = 1u << 30;
 // float32 accumulators (4 bytes each), others in their own size. At least 1.
 // The one place that knows how a reducer's slab relates to a piece.
 uint64_t max_piece_elements(uint64_t max_chunk_bytes, DType dtype);
+
+// The automatic plan's piece floor for a pool whose reducers' links run at
+// `link_rate_bits` (the slowest of their Welcomes' link_rate_bits; 0 where
+// any reducer has none): about a millisecond of wire time at a worker
+// stream's paced share (paced_share over `shards`), between
+// kPlanPacedMinPieceBytes and kPlanMinPieceBytes. On a slow link a frame's
+// CPU is small beside its wire time and a smaller piece fills and drains a
+// shard's pipeline sooner; without a rate the floor stays
+// kPlanMinPieceBytes, where per-frame CPU is what counts.
+uint64_t min_piece_bytes_for_link(uint64_t link_rate_bits, uint32_t shards);
 
 struct PlanSettings {
   // The smallest max_chunk_bytes among the reducers the worker talks to.
