@@ -27,6 +27,7 @@
 #include "tally/protocol/groups.h"
 #include "tally/protocol/pool.h"
 #include "tally/protocol/pool_pattern.h"
+#include "tally/protocol/version.h"
 #include "tally/reducer/butterfly.h"
 #include "worker.h"
 
@@ -136,7 +137,7 @@ int run_worker(const SweepOptions& sweep) {
       if (options->wire_result == DType::kFloat32) wire += " (float32 results)";
     }
     std::printf("# tally-bench %s (%s) transport=%s W=%u S=%u G=%u chunk=%s wire=%s link-rate=%s\n",
-                TALLY_VERSION, TALLY_GIT_SHA, options->transport.c_str(), client.world_size(),
+                TALLY_VERSION, git_sha(), options->transport.c_str(), client.world_size(),
                 client.shards(), client.groups(),
                 options->chunk_bytes ? human_bytes(options->chunk_bytes).c_str() : "auto",
                 wire.c_str(), link_rate_string(options->link_rate_bits).c_str());
@@ -290,8 +291,8 @@ int run_worker(const SweepOptions& sweep) {
     if (!sweep.json_path.empty()) {
       std::ofstream out(sweep.json_path);
       out << "{\n  \"tool\": \"tally-bench\",\n  \"version\": \"" << TALLY_VERSION
-          << "\",\n  \"git\": \"" << TALLY_GIT_SHA << "\",\n  \"transport\": \""
-          << options->transport << "\",\n"
+          << "\",\n  \"git\": \"" << git_sha() << "\",\n  \"transport\": \"" << options->transport
+          << "\",\n"
           << "  \"workers\": " << client.world_size() << ",\n  \"shards\": " << client.shards()
           << ",\n  \"groups\": " << client.groups()
           << ",\n  \"chunk_bytes\": " << options->chunk_bytes << ",\n  \"wire_dtype\": \""

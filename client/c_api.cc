@@ -9,6 +9,7 @@
 
 #include "tally/client/client.h"
 #include "tally/client/option_names.h"
+#include "tally/protocol/version.h"
 #include "tally/tally.h"
 
 struct tally_options {
@@ -58,7 +59,10 @@ tally_code settle(tally_op* op, const std::optional<tally::Status>& s) {
 
 extern "C" {
 
-const char* tally_version(void) { return TALLY_VERSION " (" TALLY_GIT_SHA ")"; }
+const char* tally_version(void) {
+  static const std::string version = std::string(TALLY_VERSION) + " (" + tally::git_sha() + ")";
+  return version.c_str();
+}
 
 int tally_c_api_version(void) { return TALLY_C_API_VERSION; }
 

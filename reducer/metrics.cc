@@ -4,6 +4,8 @@
 
 #include <sstream>
 
+#include "tally/protocol/version.h"
+
 namespace tally {
 
 namespace {
@@ -53,7 +55,7 @@ std::vector<MetricFamily> reducer_metric_families(const ReducerStats& s, const R
                        MetricType::Gauge,
                        {sample(1, MetricType::Gauge,
                                {{"version", TALLY_VERSION},
-                                {"git", TALLY_GIT_SHA},
+                                {"git", git_sha()},
                                 {"shard", std::to_string(id.shard)},
                                 {"shards", std::to_string(id.shard_count)},
                                 {"group", std::to_string(id.group)},

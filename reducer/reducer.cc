@@ -23,6 +23,7 @@
 #include "tally/protocol/chunking.h"
 #include "tally/protocol/connection_factory.h"
 #include "tally/protocol/control.h"
+#include "tally/protocol/version.h"
 #include "tally/reducer/job_table.h"
 #include "tally/reducer/replica_session.h"
 #include "tally/reducer/replicas.h"
@@ -442,7 +443,7 @@ Result<std::unique_ptr<Reducer>> Reducer::start(const ReducerOptions& options) {
   spdlog::info(
       "tally-reducer {} ({}) shard {}/{} group {}/{} listening on {}: {} I/O threads, {} buffers "
       "of {} bytes",
-      TALLY_VERSION, TALLY_GIT_SHA, options.shard, options.shard_count, options.group,
+      TALLY_VERSION, git_sha(), options.shard, options.shard_count, options.group,
       options.group_count, impl->bound.to_string(), options.io_threads, slabs,
       options.max_chunk_bytes);
   return std::unique_ptr<Reducer>(new Reducer(impl));

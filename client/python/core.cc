@@ -27,6 +27,7 @@
 
 #include "tally/client/client.h"
 #include "tally/client/option_names.h"
+#include "tally/protocol/version.h"
 
 namespace py = pybind11;
 
@@ -414,7 +415,7 @@ PYBIND11_MODULE(_core, m) {
   using namespace tally;
   using namespace tally::python;
   m.doc() = "libtally's Python binding; use the `tally` package.";
-  m.def("version", [] { return std::string(TALLY_VERSION) + " (" + TALLY_GIT_SHA + ")"; });
+  m.def("version", [] { return std::string(TALLY_VERSION) + " (" + git_sha() + ")"; });
   m.def("option_names", [] {
     std::vector<std::string> names;
     for (auto n : client_option_names()) names.emplace_back(n);
