@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "tally/protocol/status.h"
+#include "tally/protocol/tcp_transport.h"
 
 namespace tally {
 
@@ -16,9 +17,8 @@ uint64_t max_piece_elements(uint64_t max_chunk_bytes, DType dtype) {
 
 uint64_t min_piece_bytes_for_link(uint64_t link_rate_bits, uint32_t shards) {
   if (link_rate_bits == 0) return kPlanMinPieceBytes;
-  // paced_share's 95% of the link over the shards, for 1 ms; integers, so
-  // every rank computes the same floor.
-  const uint64_t per_ms = link_rate_bits / 8 * 95 / 100 / std::max<uint32_t>(1, shards) / 1000;
+  // A millisecond of what each of a worker's S streams is paced to.
+  const uint64_t per_ms = paced_share(link_rate_bits, std::max<uint32_t>(1, shards)) / 1000;
   return std::clamp<uint64_t>(per_ms, kPlanPacedMinPieceBytes, kPlanMinPieceBytes);
 }
 
