@@ -66,6 +66,7 @@ struct PlanSettings {
   // 0: automatic; else the override's piece size in bytes (TALLY_CHUNK_BYTES).
   uint64_t chunk_bytes = 0;
   uint32_t target_pieces = kPlanTargetPieces;
+  // Automatic plans only; a client sets min_piece_bytes_for_link of its pool.
   uint64_t min_piece_bytes = kPlanMinPieceBytes;
   uint64_t max_piece_bytes = kPlanMaxPieceBytes;  // automatic plans only
   // Automatic plans only: an op reaches one shard per this many bytes (at
