@@ -60,7 +60,7 @@ tally_code settle(tally_op* op, const std::optional<tally::Status>& s) {
 extern "C" {
 
 const char* tally_version(void) {
-  static const std::string version = std::string(TALLY_VERSION) + " (" + tally::git_sha() + ")";
+  static const std::string version = tally::version_string();
   return version.c_str();
 }
 

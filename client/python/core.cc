@@ -415,7 +415,7 @@ PYBIND11_MODULE(_core, m) {
   using namespace tally;
   using namespace tally::python;
   m.doc() = "libtally's Python binding; use the `tally` package.";
-  m.def("version", [] { return std::string(TALLY_VERSION) + " (" + git_sha() + ")"; });
+  m.def("version", [] { return version_string(); });
   m.def("option_names", [] {
     std::vector<std::string> names;
     for (auto n : client_option_names()) names.emplace_back(n);
