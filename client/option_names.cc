@@ -241,9 +241,12 @@ Status validate(const ClientOptions& o) {
     return bad("transport must be 'tcp' or 'fabric', not '" + o.transport + "'");
   }
   if (o.transport == "fabric" && o.fabric.provider.empty()) return bad("fabric provider is empty");
+  return streams_congestion_control(o).status();
+}
+
+Result<std::string> streams_congestion_control(const ClientOptions& o) {
   return stream_congestion_control(o.tcp_congestion, o.link_rate_bits, "TALLY_TCP_CONGESTION",
-                                   "TALLY_LINK_RATE")
-      .status();
+                                   "TALLY_LINK_RATE");
 }
 
 Result<ClientOptions> client_options_from_env() {
