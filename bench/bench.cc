@@ -94,13 +94,6 @@ double bytes_per_worker(const SweepOptions& sweep) {
   return total;
 }
 
-double children_cpu_seconds() {
-  rusage ru{};
-  getrusage(RUSAGE_CHILDREN, &ru);
-  auto sec = [](const timeval& t) { return static_cast<double>(t.tv_sec) + t.tv_usec / 1e6; };
-  return sec(ru.ru_utime) + sec(ru.ru_stime);
-}
-
 int run_phase(const Phase& phase, const PhaseOptions& options) {
   const SweepOptions& sweep = options.sweep;
   const uint32_t workers = options.workers;
@@ -145,7 +138,7 @@ int run_phase(const Phase& phase, const PhaseOptions& options) {
     return total;
   };
   const auto reducers_before = reducer_cpu();
-  const double workers_before = children_cpu_seconds();
+  const double workers_before = rusage_cpu_seconds(RUSAGE_CHILDREN);
   std::vector<Process> procs;
   for (uint32_t r = 0; r < workers; ++r) {
     ProcessSpec spec;
@@ -196,7 +189,7 @@ int run_phase(const Phase& phase, const PhaseOptions& options) {
   // CPU per byte: what each side spent on the data it moved, whole sweep
   // (checks and warm-up included), so transports compare on equal work.
   const double gb = bytes_per_worker(sweep) * workers / 1e9;
-  const double worker_cpu = children_cpu_seconds() - workers_before;
+  const double worker_cpu = rusage_cpu_seconds(RUSAGE_CHILDREN) - workers_before;
   const auto reducers_after = reducer_cpu();
   if (reducers_before && reducers_after) {
     const double rc = *reducers_after - *reducers_before;

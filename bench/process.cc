@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -207,6 +208,13 @@ std::optional<double> process_cpu_seconds(pid_t pid) {
   }
   if (!fields) return std::nullopt;
   return static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+double rusage_cpu_seconds(int who) {
+  rusage ru{};
+  getrusage(who, &ru);
+  auto sec = [](const timeval& t) { return static_cast<double>(t.tv_sec) + t.tv_usec / 1e6; };
+  return sec(ru.ru_utime) + sec(ru.ru_stime);
 }
 
 Result<std::unique_ptr<ScratchDir>> ScratchDir::make(const std::string& prefix) {

@@ -151,6 +151,11 @@ int run_worker(const SweepOptions& sweep) {
     std::fflush(stdout);
   }
   int exit_code = 0;
+  // The workers' CPU over the timed loops alone, summed over the ranks. The
+  // driver's `# cpu` line counts each worker's whole life: start-up, the
+  // buffer, and the checks' fill and compare, which are the bench's work.
+  double timed_cpu = 0;
+  double timed_bytes = 0;
   for (size_t bytes = sweep.min_bytes; bytes <= sweep.max_bytes;
        bytes = sweep.factor > 1 ? bytes * sweep.factor : bytes + 1) {
     const size_t count = bytes / esize;
@@ -185,6 +190,7 @@ int run_worker(const SweepOptions& sweep) {
       before = snapshot();
       if (status) status = barrier();
     }
+    const double cpu0 = rusage_cpu_seconds(RUSAGE_SELF);
     const auto t0 = std::chrono::steady_clock::now();
     uint64_t first_timed = 0;  // the timed ops' numbers follow it
     for (int i = 0; status && i < sweep.iters; ++i) {
@@ -193,15 +199,16 @@ int run_worker(const SweepOptions& sweep) {
       status = op.wait();
     }
     const auto t1 = std::chrono::steady_clock::now();
+    const double cpu1 = rusage_cpu_seconds(RUSAGE_SELF);
     if (!status) {
       spdlog::error("rank {}: all-reduce of {} bytes failed: {}", client.rank(), bytes,
                     status.to_string());
       return 1;
     }
-    double stats[2] = {
+    double stats[3] = {
         std::chrono::duration<double, std::micro>(t1 - t0).count() / std::max(1, sweep.iters),
-        static_cast<double>(wrong)};
-    status = client.allreduce(stats, 2, DType::kFloat64, RedOp::kSum);
+        static_cast<double>(wrong), cpu1 - cpu0};
+    status = client.allreduce(stats, 3, DType::kFloat64, RedOp::kSum);
     std::vector<Counters> after;
     if (measure && status) {
       after = snapshot();
@@ -216,6 +223,8 @@ int run_worker(const SweepOptions& sweep) {
       return 1;
     }
     Row row{count * esize, count, stats[0] / client.world_size(), 0, stats[1], {}};
+    timed_cpu += stats[2];
+    timed_bytes += static_cast<double>(count * esize) * sweep.iters * client.world_size();
     row.algbw = row.time_us > 0 ? static_cast<double>(row.bytes) / row.time_us / 1e3 : 0;
     if (measure && leader) {
       const double n = sweep.iters;
@@ -266,7 +275,10 @@ int run_worker(const SweepOptions& sweep) {
     for (auto& r : rows) avg += r.algbw;
     if (!rows.empty()) avg /= static_cast<double>(rows.size());
     std::printf("# Out of bounds values : %s\n", exit_code == 0 ? "0 OK" : "FAILED");
-    std::printf("# Avg bus bandwidth    : %.3f\n#\n", avg);
+    std::printf("# Avg bus bandwidth    : %.3f\n", avg);
+    const double gb = timed_bytes / 1e9;
+    std::printf("# cpu of the workers in the timed loops: %.2f s = %.2f s/GB sent (%.2f GB)\n#\n",
+                timed_cpu, gb > 0 ? timed_cpu / gb : 0.0, gb);
     if (measure) {
       std::printf(
           "# Payload bytes per op at each reducer (shard s, group g; w = workers of the group), "
@@ -326,7 +338,8 @@ int run_worker(const SweepOptions& sweep) {
         }
         out << "}" << (i + 1 < rows.size() ? "," : "") << "\n";
       }
-      out << "  ],\n  \"avg_busbw_gbps\": " << avg << "\n}\n";
+      out << "  ],\n  \"avg_busbw_gbps\": " << avg << ",\n  \"timed_worker_cpu_s\": " << timed_cpu
+          << ",\n  \"timed_gb\": " << gb << "\n}\n";
       if (!out) {
         spdlog::error("cannot write {}", sweep.json_path);
         return 2;

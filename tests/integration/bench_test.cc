@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -35,6 +36,12 @@ TEST(Bench, SweepPrintsTheTableWithNoWrongResults) {
   EXPECT_TRUE(contains(out, "transport=tcp W=3 S=2 G=1 chunk=64KiB")) << out;
   EXPECT_TRUE(contains(out, "algbw(GB/s)")) << out;
   EXPECT_TRUE(contains(out, "# Out of bounds values : 0 OK")) << out;
+  // The workers' CPU in the timed loops, over 3 ranks x (4 + 16 + 64 + 256
+  // KiB) x 2 ops (the JSON has it unrounded).
+  EXPECT_TRUE(std::regex_search(
+      out, std::regex("# cpu of the workers in the timed loops: [0-9.]+ s = [0-9.]+ s/GB sent "
+                      "\\(0.00 GB\\)")))
+      << out;
   // The per-reducer bytes only with --bytes.
   EXPECT_FALSE(contains(out, "Payload bytes per op")) << out;
   EXPECT_EQ(bench::parse_rows(out).size(), 4u) << out;
@@ -44,6 +51,11 @@ TEST(Bench, SweepPrintsTheTableWithNoWrongResults) {
   const std::string json = read_file(dir + "/out.json");
   EXPECT_TRUE(contains(json, "\"size\": 262144")) << json;
   EXPECT_TRUE(contains(json, "\"wrong\": 0")) << json;
+  EXPECT_TRUE(contains(json, "\"timed_gb\": 0.00208896\n")) << json;
+  std::smatch cpu;
+  ASSERT_TRUE(std::regex_search(json, cpu, std::regex("\"timed_worker_cpu_s\": ([-0-9.e]+)")))
+      << json;
+  EXPECT_GT(std::stod(cpu[1]), 0) << json;
   EXPECT_FALSE(contains(json, "\"wrong\": 1")) << json;
 }
 

@@ -77,8 +77,13 @@ CommandResult run_command(const std::string& path, const std::vector<std::string
                           std::chrono::milliseconds timeout = std::chrono::milliseconds(10000));
 
 // User plus system CPU seconds a live process has used so far (from
-// /proc/<pid>/stat), or nullopt when it cannot be read.
+// /proc/<pid>/stat, in clock ticks), or nullopt when it cannot be read.
 std::optional<double> process_cpu_seconds(pid_t pid);
+
+// User plus system CPU seconds from getrusage(`who`), to the microsecond:
+// RUSAGE_SELF, every thread of this process; RUSAGE_CHILDREN, its children
+// that have exited and been waited for.
+double rusage_cpu_seconds(int who);
 
 // A directory made under /tmp for one run (`prefix` + six random
 // characters), removed with everything in it when this goes.
