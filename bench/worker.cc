@@ -46,6 +46,10 @@ struct Row {
   double time_us;
   double algbw;
   double wrong;
+  // The ranks' CPU over the timed loop, summed. The driver's `# cpu` line
+  // counts each worker's whole life: start-up, the buffer, and the checks'
+  // fill and compare, which are the bench's work.
+  double timed_cpu;
   std::vector<ReducerRow> reducers;
 };
 
@@ -151,11 +155,6 @@ int run_worker(const SweepOptions& sweep) {
     std::fflush(stdout);
   }
   int exit_code = 0;
-  // The workers' CPU over the timed loops alone, summed over the ranks. The
-  // driver's `# cpu` line counts each worker's whole life: start-up, the
-  // buffer, and the checks' fill and compare, which are the bench's work.
-  double timed_cpu = 0;
-  double timed_bytes = 0;
   for (size_t bytes = sweep.min_bytes; bytes <= sweep.max_bytes;
        bytes = sweep.factor > 1 ? bytes * sweep.factor : bytes + 1) {
     const size_t count = bytes / esize;
@@ -222,9 +221,7 @@ int run_worker(const SweepOptions& sweep) {
       spdlog::error("reading the reducers' /metrics failed: {}", scraped.to_string());
       return 1;
     }
-    Row row{count * esize, count, stats[0] / client.world_size(), 0, stats[1], {}};
-    timed_cpu += stats[2];
-    timed_bytes += static_cast<double>(count * esize) * sweep.iters * client.world_size();
+    Row row{count * esize, count, stats[0] / client.world_size(), 0, stats[1], stats[2], {}};
     row.algbw = row.time_us > 0 ? static_cast<double>(row.bytes) / row.time_us / 1e3 : 0;
     if (measure && leader) {
       const double n = sweep.iters;
@@ -272,7 +269,13 @@ int run_worker(const SweepOptions& sweep) {
   }
   if (leader) {
     double avg = 0;
-    for (auto& r : rows) avg += r.algbw;
+    double timed_cpu = 0;
+    double timed_bytes = 0;  // sent by the ranks in the timed loops
+    for (auto& r : rows) {
+      avg += r.algbw;
+      timed_cpu += r.timed_cpu;
+      timed_bytes += static_cast<double>(r.bytes) * sweep.iters * client.world_size();
+    }
     if (!rows.empty()) avg /= static_cast<double>(rows.size());
     std::printf("# Out of bounds values : %s\n", exit_code == 0 ? "0 OK" : "FAILED");
     std::printf("# Avg bus bandwidth    : %.3f\n", avg);

@@ -272,9 +272,7 @@ void Client::Impl::on_link_closed(uint32_t shard, const Status& status) {
 }
 
 Result<std::unique_ptr<Client>> Client::connect(const ClientOptions& options) {
-  TALLY_RETURN_IF_ERROR(validate(options));
-  // validate checked it; this keeps the choice.
-  auto congestion = streams_congestion_control(options);
+  auto congestion = validated_congestion_control(options);
   if (!congestion) return congestion.status();
   // spdlog makes its registry on first use, in libspdlog (which sanitizers
   // do not see into): made once here, before any client's I/O thread can

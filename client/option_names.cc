@@ -181,7 +181,7 @@ Status set_client_option(ClientOptions& o, std::string_view name, std::string_vi
                                                  "' (the TALLY_* names of docs/configuration.md)");
 }
 
-Status validate(const ClientOptions& o) {
+Result<std::string> validated_congestion_control(const ClientOptions& o) {
   auto bad = [](std::string m) { return Status(ErrorCode::kInvalidArgument, std::move(m)); };
   if (o.pool.empty()) return bad("the pool is empty (set TALLY_POOL to host:port,...)");
   for (auto& a : o.pool) {
@@ -241,13 +241,11 @@ Status validate(const ClientOptions& o) {
     return bad("transport must be 'tcp' or 'fabric', not '" + o.transport + "'");
   }
   if (o.transport == "fabric" && o.fabric.provider.empty()) return bad("fabric provider is empty");
-  return streams_congestion_control(o).status();
-}
-
-Result<std::string> streams_congestion_control(const ClientOptions& o) {
   return stream_congestion_control(o.tcp_congestion, o.link_rate_bits, "TALLY_TCP_CONGESTION",
                                    "TALLY_LINK_RATE");
 }
+
+Status validate(const ClientOptions& o) { return validated_congestion_control(o).status(); }
 
 Result<ClientOptions> client_options_from_env() {
   ClientOptions o;

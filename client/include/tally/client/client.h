@@ -119,11 +119,11 @@ struct ClientOptions {
 Result<ClientOptions> client_options_from_env();
 // Checks the options; the same checks connect() applies.
 Status validate(const ClientOptions& options);
-// The congestion control the options give the worker's streams:
-// tcp_congestion, or under a link rate the paced choice
-// (stream_congestion_control, tcp_transport.h). Errors name
-// TALLY_TCP_CONGESTION or TALLY_LINK_RATE.
-Result<std::string> streams_congestion_control(const ClientOptions& options);
+// validate's checks, then the congestion control the options give the
+// worker's streams: tcp_congestion, or under a link rate the paced choice
+// (stream_congestion_control, tcp_transport.h), whose errors name
+// TALLY_TCP_CONGESTION or TALLY_LINK_RATE. connect() takes it from here.
+Result<std::string> validated_congestion_control(const ClientOptions& options);
 
 // The end of an asynchronous op, handed to its callback: ok, or why it failed.
 // Runs on the client's I/O thread (or, for a call refused at once, on the
