@@ -253,7 +253,18 @@ void Client::Impl::maybe_finish(std::shared_ptr<Op> op) {
   note_received();
 }
 
-void Client::Impl::on_op_error(uint64_t op_id, const Status& status) {
+void Client::Impl::on_op_error(uint64_t op_id, const Status& reported) {
+  Status status = reported;
+  for (auto& link : links) {
+    // A reducer's op timeout may name a rank that is waiting, as this worker
+    // is, for a lost reducer: the error names that reducer too.
+    if (const std::optional<Status>& lost = link->lost()) {
+      status = Status(status.code(),
+                      status.message() +
+                          "; at the time this worker was reconnecting after: " + lost->message());
+      break;
+    }
+  }
   if (auto it = ops.find(op_id); it != ops.end()) return fail_op(it->second, status);
   if (op_id < started_below) return;  // already finished here
   if (early_errors.size() >= kEarlyErrorsKept) early_errors.erase(early_errors.begin());

@@ -195,12 +195,15 @@ bool ShardLink::resumable(const Status& why) const {
 
 void ShardLink::retry() {
   if (closing_) return;
-  if (Clock::now() >= resume_deadline_) {
+  const auto now = Clock::now();
+  if (now >= resume_deadline_) {
     return give_up(Status(lost_->code(), lost_->message() + "; it did not come back within " +
                                              std::to_string(client_.options.op_timeout.count()) +
                                              " ms"));
   }
-  auto timer = std::make_shared<asio::steady_timer>(client_.io, backoff_);
+  // The last pause ends at the deadline, so giving up is not a backoff late.
+  auto timer = std::make_shared<asio::steady_timer>(
+      client_.io, std::min<Clock::duration>(backoff_, resume_deadline_ - now));
   backoff_ = std::min(backoff_ * 2, kResumeBackoffMost);
   timer->async_wait([self = shared_from_this(), timer](const boost::system::error_code&) {
     if (self->closing_ || self->phase_ != Phase::kResuming) return;

@@ -84,14 +84,55 @@ TEST_P(TransportFault, KilledReducerFailsEveryWorker) {
     auto out = workers.wait(r, 2 * op_timeout);
     const auto took = std::chrono::steady_clock::now() - killed;
     EXPECT_EQ(out.exit_code, 3) << out.out;
-    EXPECT_TRUE(contains(out.out, "lost reducer " + cluster.addresses()[1])) << out.out;
-    EXPECT_TRUE(contains(out.out, "shard 1")) << out.out;
-    // The workers tried to reconnect for the op timeout (it never came back).
-    EXPECT_TRUE(contains(out.out, "did not come back within 4000 ms")) << out.out;
+    // The error itself, not the warning logged on the loss, names the reducer.
+    const auto at = out.out.find("error after ");
+    ASSERT_NE(at, std::string::npos) << out.out;
+    const std::string error = out.out.substr(at, out.out.find('\n', at) - at);
+    EXPECT_TRUE(contains(error, "lost reducer " + cluster.addresses()[1] + " (shard 1)")) << error;
+    // The workers tried to reconnect for the op timeout (it never came
+    // back), unless shard 0's op timeout, as long, ended the op first: a
+    // rank still waiting for shard 1 never sent it the next op's chunks.
+    EXPECT_TRUE(contains(error, "did not come back within 4000 ms") ||
+                (contains(error, "timed out after 4000 ms on shard 0 waiting for ranks [") &&
+                 contains(error, "; at the time this worker was reconnecting after: lost ")))
+        << error;
     EXPECT_LT(took, 2 * op_timeout) << out.out;
   }
   // The surviving shard is still up.
   EXPECT_FALSE(cluster.reducer(0).wait_for(0ms).has_value());
+}
+
+// Shard 0 times an op out waiting for a rank that is stalled, while rank 0
+// is reconnecting to a lost shard 1: rank 0's error is shard 0's timeout,
+// and it names the lost reducer too (the stalled rank may be waiting for it).
+TEST(Fault, AnOpTimedOutWhileAReducerIsLostNamesThatReducer) {
+  PoolSpec spec;
+  spec.shards = 2;
+  TestCluster cluster(spec);
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  WorkerGroup workers(cluster, "w", unique_job("timeout-while-lost"), 2,
+                      [](uint32_t r) {
+                        Args args{"--count", "9477", "--ops", "8"};
+                        if (r == 1)
+                          args.insert(args.end(), {"--stall-ms", "6000", "--stall-op", "5"});
+                        return args;
+                      },
+                      {{"TALLY_OP_TIMEOUT_MS", "4000"}});
+  // Half of shard 0's op timeout has passed on op 5: it has 2 s left, rank
+  // 0's reconnecting will have 4 s.
+  ASSERT_TRUE(eventually(
+      [&] { return contains(cluster.reducer_log(0), "op 5 chunk 0: still waiting for ranks [1]"); },
+      30s))
+      << cluster.reducer_log(0);
+  cluster.kill_reducer(1, SIGKILL);
+  auto out = workers.wait(0, 10s);
+  EXPECT_EQ(out.exit_code, 3) << out.out;
+  EXPECT_TRUE(contains(out.out,
+                       "timed out after 4000 ms on shard 0 waiting for ranks [1]; at the "
+                       "time this worker was reconnecting after: lost reducer " +
+                           cluster.addresses()[1] + " (shard 1)"))
+      << out.out;
+  EXPECT_EQ(workers.wait(1, 15s).exit_code, 3);
 }
 
 TEST_P(TransportFault, StragglerTimesOutNamingTheRank) {
