@@ -21,11 +21,17 @@ namespace {
 
 using namespace std::chrono_literals;
 
-// Milliseconds printed by tally-test-worker in "error after N ms ...".
+// tally-test-worker's "error after N ms <status>" line, or "" if none.
+std::string error_line(const std::string& out) {
+  const auto at = out.find("error after ");
+  if (at == std::string::npos) return "";
+  return out.substr(at, out.find('\n', at) - at);
+}
+
+// The N of that line, or -1.
 long long error_ms(const std::string& out) {
-  auto at = out.find("error after ");
-  if (at == std::string::npos) return -1;
-  return std::stoll(out.substr(at + 12));
+  const std::string line = error_line(out);
+  return line.empty() ? -1 : std::stoll(line.substr(12));
 }
 
 // Fault tests that move data: value-parametrised over the transport.
@@ -85,9 +91,8 @@ TEST_P(TransportFault, KilledReducerFailsEveryWorker) {
     const auto took = std::chrono::steady_clock::now() - killed;
     EXPECT_EQ(out.exit_code, 3) << out.out;
     // The error itself, not the warning logged on the loss, names the reducer.
-    const auto at = out.out.find("error after ");
-    ASSERT_NE(at, std::string::npos) << out.out;
-    const std::string error = out.out.substr(at, out.out.find('\n', at) - at);
+    const std::string error = error_line(out.out);
+    ASSERT_FALSE(error.empty()) << out.out;
     EXPECT_TRUE(contains(error, "lost reducer " + cluster.addresses()[1] + " (shard 1)")) << error;
     // The workers tried to reconnect for the op timeout (it never came
     // back), unless shard 0's op timeout, as long, ended the op first: a
