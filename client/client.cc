@@ -343,8 +343,9 @@ Result<std::unique_ptr<Client>> Client::connect(const ClientOptions& options) {
         std::min(im.plan_settings.max_chunk_bytes, link->max_chunk_bytes);
     slowest_link = std::min(slowest_link, link->link_rate_bits);
   }
-  im.plan_settings.min_piece_bytes =
-      min_piece_bytes_for_link(slowest_link, static_cast<uint32_t>(im.links.size()));
+  im.plan_settings.min_piece_bytes = min_piece_bytes_for_link(slowest_link, shards);
+  im.plan_settings.max_piece_bytes =
+      max_piece_bytes_for_link(slowest_link, std::max(shards, options.world_size));
   return client;
 }
 

@@ -22,6 +22,13 @@ uint64_t min_piece_bytes_for_link(uint64_t link_rate_bits, uint32_t shards) {
   return std::clamp<uint64_t>(per_ms, kPlanPacedMinPieceBytes, kPlanMinPieceBytes);
 }
 
+uint64_t max_piece_bytes_for_link(uint64_t link_rate_bits, uint32_t streams) {
+  if (link_rate_bits == 0) return kPlanMaxPieceBytes;
+  const uint64_t per_ms = paced_share(link_rate_bits, std::max<uint32_t>(1, streams)) / 1000;
+  const uint64_t bytes = kPlanPacedMaxPieceMs * per_ms / 4096 * 4096;
+  return std::clamp<uint64_t>(bytes, kPlanPacedMinPieceBytes, kPlanMaxPieceBytes);
+}
+
 ChunkPlan::ChunkPlan(uint64_t nbytes, DType dtype, uint32_t shards, const PlanSettings& settings,
                      uint64_t op)
     : esize_(dtype_size(dtype)), shards_(shards) {

@@ -214,6 +214,28 @@ TEST(ChunkPlan, SlowPacedLinksLowerThePieceFloor) {
   EXPECT_EQ(large.piece_bytes(), ChunkPlan(4 * MiB, DType::kFloat32, 4).piece_bytes());
 }
 
+// On slow paced links the ceiling is about 3 ms of a stream's share of the
+// link, max(S, W) streams sharing it (architecture.md, "The chunk plan").
+TEST(ChunkPlan, SlowPacedLinksLowerThePieceCeiling) {
+  EXPECT_EQ(max_piece_bytes_for_link(0, 8), kPlanMaxPieceBytes);  // no rate: unpaced
+  // 29.7 MB/s a stream: 89,061 bytes in 3 ms, 84 KiB in whole pages.
+  EXPECT_EQ(max_piece_bytes_for_link(1000000000, 4), 84 * KiB);
+  // 14.8 MB/s: 44,529 bytes, 40 KiB.
+  EXPECT_EQ(max_piece_bytes_for_link(1000000000, 8), 40 * KiB);
+  EXPECT_EQ(max_piece_bytes_for_link(1000000000, 64), kPlanPacedMinPieceBytes);
+  EXPECT_EQ(max_piece_bytes_for_link(10000000000, 4), kPlanMaxPieceBytes);
+  EXPECT_EQ(max_piece_bytes_for_link(1000000000, 0), kPlanMaxPieceBytes);  // no streams: 1
+  // 16 MiB at W = 8, S = 8 on 1 Gbit/s links: 2 MiB a shard, in 52 pieces
+  // of 40 KiB (the last one shorter) instead of 16 of 128 KiB.
+  const PlanSettings paced{.min_piece_bytes = min_piece_bytes_for_link(1000000000, 8),
+                           .max_piece_bytes = max_piece_bytes_for_link(1000000000, 8)};
+  const ChunkPlan plan(16 * MiB, DType::kFloat32, 8, paced);
+  EXPECT_EQ(plan.piece_bytes(), 40 * KiB);
+  EXPECT_EQ(plan.chunks_on_shard(0), 52u);
+  // A 1 MiB op (128 KiB a shard) is still cut by the target count.
+  EXPECT_EQ(ChunkPlan(MiB, DType::kFloat32, 8, paced).piece_bytes(), 32 * KiB);
+}
+
 TEST(ChunkPlan, LargeTensorsGetTheTargetPiecesPerShard) {
   // 16 MiB over 4 shards: 4 MiB each, / 16 = 256 KiB pieces.
   const ChunkPlan plan(16 * MiB, DType::kFloat32, 4);

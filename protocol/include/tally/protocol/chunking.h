@@ -38,8 +38,9 @@ inline constexpr uint32_t kPlanTargetPieces = 16;               // per shard
 inline constexpr uint64_t kPlanMinPieceBytes = 64u << 10;       // per-frame cost floor
 inline constexpr uint64_t kPlanPacedMinPieceBytes = 32u << 10;  // floor on slow paced links
 inline constexpr uint64_t kPlanMaxPieceBytes = 256u << 10;      // fill and drain on paced links
-inline constexpr uint64_t kPlanMinShardBytes = 16u << 10;       // per reducer an op reaches
-inline constexpr uint64_t kDefaultMaxChunkBytes = 4u << 20;     // the reducer's --max-chunk-bytes
+inline constexpr uint64_t kPlanPacedMaxPieceMs = 3;  // ceiling on slow paced links, ms of a stream
+inline constexpr uint64_t kPlanMinShardBytes = 16u << 10;    // per reducer an op reaches
+inline constexpr uint64_t kDefaultMaxChunkBytes = 4u << 20;  // the reducer's --max-chunk-bytes
 // The largest --max-chunk-bytes a reducer may have (so the largest data frame
 // a worker may be sent, known before the Welcome says the actual limit).
 inline constexpr uint64_t kMaxChunkBytesLimit = 1u << 30;
@@ -60,15 +61,27 @@ uint64_t max_piece_elements(uint64_t max_chunk_bytes, DType dtype);
 // kPlanMinPieceBytes, where per-frame CPU is what counts.
 uint64_t min_piece_bytes_for_link(uint64_t link_rate_bits, uint32_t shards);
 
+// The automatic plan's piece ceiling for the same pool: about
+// kPlanPacedMaxPieceMs of wire time at the paced share of a stream when
+// `streams` share one link (max(S, W): a worker's S streams leave its link,
+// and a reducer paces its W streams of results to their share of its own),
+// rounded down to 4 KiB, between kPlanPacedMinPieceBytes and
+// kPlanMaxPieceBytes; kPlanMaxPieceBytes without a rate. A reducer returns
+// a piece only once every rank's copy is in, so each op spends about a
+// piece's wire time filling and one draining a shard's pipeline, and on a
+// slow link at W = 8 that was a third of a 16 MiB op with 128 KiB pieces.
+uint64_t max_piece_bytes_for_link(uint64_t link_rate_bits, uint32_t streams);
+
 struct PlanSettings {
   // The smallest max_chunk_bytes among the reducers the worker talks to.
   uint64_t max_chunk_bytes = kDefaultMaxChunkBytes;
   // 0: automatic; else the override's piece size in bytes (TALLY_CHUNK_BYTES).
   uint64_t chunk_bytes = 0;
   uint32_t target_pieces = kPlanTargetPieces;
-  // Automatic plans only; a client sets min_piece_bytes_for_link of its pool.
+  // Automatic plans only; a client sets min_piece_bytes_for_link and
+  // max_piece_bytes_for_link of its pool.
   uint64_t min_piece_bytes = kPlanMinPieceBytes;
-  uint64_t max_piece_bytes = kPlanMaxPieceBytes;  // automatic plans only
+  uint64_t max_piece_bytes = kPlanMaxPieceBytes;
   // Automatic plans only: an op reaches one shard per this many bytes (at
   // least one, at most S); 0: every op reaches all S.
   uint64_t min_shard_bytes = kPlanMinShardBytes;
