@@ -232,7 +232,7 @@ TEST(ChunkPlan, SlowPacedLinksLowerThePieceCeiling) {
   const ChunkPlan plan(16 * MiB, DType::kFloat32, 8, paced);
   EXPECT_EQ(plan.piece_bytes(), 40 * KiB);
   EXPECT_EQ(plan.chunks_on_shard(0), 52u);
-  // A 1 MiB op (128 KiB a shard) is still cut by the target count.
+  // A 1 MiB op (128 KiB a shard, 8 KiB / 16) takes the floor: 4 pieces a shard.
   EXPECT_EQ(ChunkPlan(MiB, DType::kFloat32, 8, paced).piece_bytes(), 32 * KiB);
 }
 
