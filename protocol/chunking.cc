@@ -15,17 +15,27 @@ uint64_t max_piece_elements(uint64_t max_chunk_bytes, DType dtype) {
   return std::max<uint64_t>(1, max_chunk_bytes / (esize == 2 ? 4 : esize));
 }
 
+namespace {
+
+// What one of `streams` streams paced to their shares of a link moves in a
+// millisecond (paced_share; at least one stream).
+uint64_t paced_bytes_per_ms(uint64_t link_rate_bits, uint32_t streams) {
+  return paced_share(link_rate_bits, std::max<uint32_t>(1, streams)) / 1000;
+}
+
+}  // namespace
+
 uint64_t min_piece_bytes_for_link(uint64_t link_rate_bits, uint32_t shards) {
   if (link_rate_bits == 0) return kPlanMinPieceBytes;
   // A millisecond of what each of a worker's S streams is paced to.
-  const uint64_t per_ms = paced_share(link_rate_bits, std::max<uint32_t>(1, shards)) / 1000;
-  return std::clamp<uint64_t>(per_ms, kPlanPacedMinPieceBytes, kPlanMinPieceBytes);
+  return std::clamp<uint64_t>(paced_bytes_per_ms(link_rate_bits, shards), kPlanPacedMinPieceBytes,
+                              kPlanMinPieceBytes);
 }
 
 uint64_t max_piece_bytes_for_link(uint64_t link_rate_bits, uint32_t streams) {
   if (link_rate_bits == 0) return kPlanMaxPieceBytes;
-  const uint64_t per_ms = paced_share(link_rate_bits, std::max<uint32_t>(1, streams)) / 1000;
-  const uint64_t bytes = kPlanPacedMaxPieceMs * per_ms / 4096 * 4096;
+  const uint64_t bytes =
+      kPlanPacedMaxPieceMs * paced_bytes_per_ms(link_rate_bits, streams) / 4096 * 4096;
   return std::clamp<uint64_t>(bytes, kPlanPacedMinPieceBytes, kPlanMaxPieceBytes);
 }
 
