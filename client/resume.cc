@@ -23,7 +23,7 @@ std::span<std::byte> client_internal::result_span(Op& op, const ChunkExtent& e) 
   return {base + e.offset * scale, e.length * scale};
 }
 
-bool Client::Impl::keeps_results() const { return options.resume_bytes > 0 && options.groups == 1; }
+bool Client::Impl::keeps_results() const { return options.resume_bytes > 0; }
 
 bool Client::Impl::holds(const Op& op) const {
   return keeps_results() && op.plan &&
@@ -145,7 +145,9 @@ void Client::Impl::on_released(uint32_t shard, uint64_t op_below) {
   for (auto& op : released) maybe_finish(op);
   if (link.resyncing) {
     link.resyncing = false;
-    resend(shard, op_below);
+    // Another shard's reducers may know a later mark: no rank needs a
+    // replay of the ops below either.
+    resend(shard, released_below());
   }
 }
 

@@ -67,6 +67,7 @@ void ShardLink::send_received(uint64_t op_below) {
   if (closed_ || !conn_) return;
   wire::Control received;
   received.mutable_received()->set_op_below(op_below);
+  received.mutable_received()->set_released_below(client_.released_below());
   conn_->send_control(received);
 }
 
@@ -106,6 +107,15 @@ void ShardLink::on_control(const wire::Control& message) {
   if (message.has_welcome()) return on_welcome(message.welcome());
   if (message.has_released() && settled_ && phase_ == Phase::kLive) {
     return client_.on_released(shard_, message.released().op_below());
+  }
+  if (message.has_rejoin() && settled_ && phase_ == Phase::kLive) {
+    // Another replica of the shard was lost: the ops in flight start again
+    // on every replica, from a new stream (docs/protocol.md, "Resuming with
+    // replica groups").
+    rejoining_ = true;
+    return conn_->close(
+        Status(ErrorCode::kPeerLost,
+               "it asked this worker to rejoin: " + utf8_prefix(message.rejoin().reason(), 1024)));
   }
   if (message.has_auth_challenge() && !settled_ && reducer_nonce_.empty()) {
     const std::string& nonce = message.auth_challenge().nonce();
@@ -167,9 +177,12 @@ void ShardLink::on_closed(const Status& status) {
       phase_ = Phase::kResuming;
       lost_ = why;
       resume_deadline_ = Clock::now() + client_.options.op_timeout;
-      backoff_ = kResumeBackoffFirst;
-      spdlog::warn("job '{}' rank {}: {}; reconnecting for up to {} ms", client_.options.job,
-                   client_.options.rank, why.to_string(), client_.options.op_timeout.count());
+      // Asked to rejoin by a live reducer: at once.
+      backoff_ = rejoining_ ? milliseconds(0) : kResumeBackoffFirst;
+      spdlog::log(rejoining_ ? spdlog::level::info : spdlog::level::warn,
+                  "job '{}' rank {}: {}; reconnecting for up to {} ms", client_.options.job,
+                  client_.options.rank, why.to_string(), client_.options.op_timeout.count());
+      rejoining_ = false;
       client_.on_link_lost(shard_);
       return retry();
     case Phase::kResuming:
@@ -185,7 +198,7 @@ void ShardLink::on_closed(const Status& status) {
 }
 
 bool ShardLink::resumable(const Status& why) const {
-  if (closing_ || client_.options.resume_bytes == 0 || client_.options.groups > 1) return false;
+  if (closing_ || client_.options.resume_bytes == 0) return false;
   // A reducer's refusal stops it, unless it is the stale state a reducer
   // holds until it has seen the old stream end, or a reducer shutting down.
   if (!fatal_) return true;
@@ -204,7 +217,8 @@ void ShardLink::retry() {
   // The last pause ends at the deadline, so giving up is not a backoff late.
   auto timer = std::make_shared<asio::steady_timer>(
       client_.io, std::min<Clock::duration>(backoff_, resume_deadline_ - now));
-  backoff_ = std::min(backoff_ * 2, kResumeBackoffMost);
+  backoff_ = backoff_ == milliseconds(0) ? kResumeBackoffFirst
+                                         : std::min(backoff_ * 2, kResumeBackoffMost);
   timer->async_wait([self = shared_from_this(), timer](const boost::system::error_code&) {
     if (self->closing_ || self->phase_ != Phase::kResuming) return;
     // A fresh attempt: nothing of the last one's handshake carries over.

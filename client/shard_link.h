@@ -109,6 +109,7 @@ class ShardLink final : public FrameHandler, public std::enable_shared_from_this
   bool closed_ = false;
   bool closing_ = false;  // the client is going away: open nothing new
   std::optional<Status> fatal_;
+  bool rejoining_ = false;  // the reducer asked this worker to rejoin (Rejoin)
   // With a job secret: this side's nonce (sent in the Hello) and the
   // reducer's (from its AuthChallenge), which its Welcome's proof covers.
   std::string worker_nonce_, reducer_nonce_;

@@ -89,7 +89,7 @@ Result<FrameHeader> decode_header(std::span<const std::byte, kFrameHeaderBytes> 
                       ", this build speaks " + std::to_string(kProtocolVersion));
   }
   if (w.reserved0.value() != 0) return protocol_error("reserved header field is not zero");
-  if ((w.flags.value() & ~(kFrameFlagAccumulators | kFrameFlagWideResult)) != 0) {
+  if ((w.flags.value() & ~(kFrameFlagAccumulators | kFrameFlagWideResult | kFrameFlagFinal)) != 0) {
     return protocol_error("unknown header flags 0x" + std::to_string(w.flags.value()));
   }
   FrameHeader h;
@@ -130,6 +130,9 @@ Result<FrameHeader> decode_header(std::span<const std::byte, kFrameHeaderBytes> 
   // On a contribution alone; on a partial beside the accumulators it says
   // the chunk's contributions asked for it (the replicas compare it).
   const bool accumulators = (h.flags & kFrameFlagAccumulators) != 0;
+  if ((h.flags & kFrameFlagFinal) && h.kind != FrameKind::kPartial) {
+    return protocol_error("final-result flag on a frame that is not a partial");
+  }
   if ((h.flags & kFrameFlagWideResult) &&
       (esize != 2 || !((h.kind == FrameKind::kContribution && !accumulators) ||
                        (h.kind == FrameKind::kPartial && accumulators)))) {

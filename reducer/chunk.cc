@@ -25,6 +25,18 @@ std::string chunk_shape(const FrameHeader& h) {
          ((h.flags & kFrameFlagWideResult) ? ", float32 results" : "") + ")";
 }
 
+FrameHeader final_header(const FrameHeader& m) {
+  FrameHeader h = m;
+  h.kind = FrameKind::kPartial;
+  h.rank = 0;
+  h.flags = kFrameFlagFinal;
+  if (m.flags & kFrameFlagWideResult) {
+    h.flags |= kFrameFlagAccumulators | kFrameFlagWideResult;
+    h.length = m.length / dtype_size(m.dtype) * dtype_size(accumulator_dtype(m.dtype));
+  }
+  return h;
+}
+
 Chunk::Chunk(const FrameHeader& first, Clock::time_point created, Clock::time_point deadline,
              uint32_t world_size, std::vector<ButterflyStep> steps)
     : meta_(first),
@@ -102,10 +114,16 @@ Chunk::Progress Chunk::skip(uint32_t rank, const JobMember* member, uint32_t loc
 
 Chunk::Progress Chunk::completed_locked(uint32_t local_size, const ButterflyContext& context,
                                         Status& why) {
-  if (added_ < local_size) return Progress::kWaiting;
-  // Every payload is in: a replay's, or every contribution's.
+  if (added_ < local_size || done_reported_) return Progress::kWaiting;
+  // Every payload is in: a replay's (or another replica's final result),
+  // or every contribution's.
   TALLY_CHECK(replay_ || (accumulator_ready_ && pending_.empty()));
-  if (steps_.empty()) return Progress::kDone;
+  if (steps_.empty() || replay_) {
+    // A known result needs no butterfly; a send of one still under way
+    // holds its own reference to the slab it reads.
+    done_reported_ = true;
+    return Progress::kDone;
+  }
   local_done_ = true;
   return advance_locked(context, why);
 }
@@ -149,11 +167,57 @@ Status Chunk::place_locked(uint32_t from_group, const FrameHeader& h, std::share
              ", which this replica's butterfly does not expect from it");
 }
 
+Chunk::Progress Chunk::on_final(uint32_t from_group, const FrameHeader& h,
+                                std::shared_ptr<Slab> slab, uint32_t local_size,
+                                const ButterflyContext& context, Status& why) {
+  std::lock_guard lock(mu_);
+  if (failed_) return Progress::kWaiting;
+  const FrameHeader want = final_header(meta_);
+  if (h.count != want.count || h.dtype != want.dtype || h.redop != want.redop ||
+      h.offset != want.offset || h.length != want.length || h.flags != want.flags ||
+      h.chunks_on_shard != want.chunks_on_shard) {
+    why = Status(ErrorCode::kMismatch, "final result of op " + std::to_string(h.op) + " chunk " +
+                                           std::to_string(h.chunk) + " from " +
+                                           context.mesh->describe(from_group) +
+                                           " does not fit this group's chunk: it has " +
+                                           chunk_shape(h) + ", here " + chunk_shape(meta_));
+    return Progress::kFailed;
+  }
+  if (replay_) return Progress::kWaiting;  // the same bytes, already here
+  // What was summed so far, and the butterfly's partials, are not needed.
+  replay_ = std::move(slab);
+  accumulator_.reset();
+  pending_.clear();
+  for (auto& a : arrived_) a.reset();
+  return completed_locked(local_size, context, why);
+}
+
+std::shared_ptr<Slab> Chunk::final_to_send(FrameHeader& header) {
+  std::lock_guard lock(mu_);
+  // Only a worker's replay: another replica's final went to every replica.
+  if (failed_ || !replay_ || !replay_accepted_ || final_sent_ || steps_.empty()) return nullptr;
+  final_sent_ = true;
+  header = final_header(meta_);
+  return replay_;
+}
+
+bool Chunk::end_released() {
+  std::lock_guard lock(mu_);
+  if (failed_ || done_reported_ || !replay_) return false;
+  done_reported_ = true;
+  return true;
+}
+
+bool Chunk::dropped() const {
+  std::lock_guard lock(mu_);
+  return failed_;
+}
+
 Chunk::Progress Chunk::on_partial(uint32_t from_group, const FrameHeader& header,
                                   std::shared_ptr<Slab> slab, const ButterflyContext& context,
                                   Status& why) {
   std::lock_guard lock(mu_);
-  if (failed_) return Progress::kWaiting;
+  if (failed_ || replay_) return Progress::kWaiting;
   why = place_locked(from_group, header, std::move(slab), context);
   if (!why.is_ok()) return Progress::kFailed;
   return local_done_ ? advance_locked(context, why) : Progress::kWaiting;
@@ -163,9 +227,16 @@ Chunk::Progress Chunk::on_sent(const Status& status, const ButterflyContext& con
   std::lock_guard lock(mu_);
   sends_pending_--;
   if (failed_) return Progress::kWaiting;
-  if (!status.is_ok()) {
+  if (status.code() == ErrorCode::kTimeout) {
+    // The replica was not reachable before the op's deadline.
     why = status;
     return Progress::kFailed;
+  }
+  if (!status.is_ok()) {
+    // The stream to the replica broke under the send: the loss starts a
+    // new round of the job, which drops this chunk (Job::on_replica_lost),
+    // or the op times out naming the replica.
+    return Progress::kWaiting;
   }
   return local_done_ ? advance_locked(context, why) : Progress::kWaiting;
 }
@@ -185,7 +256,7 @@ Chunk::Progress Chunk::on_replica_left(uint32_t group, const ButterflyContext& c
 }
 
 Chunk::Progress Chunk::advance_locked(const ButterflyContext& context, Status& why) {
-  if (failed_ || done_reported_) return Progress::kWaiting;
+  if (failed_ || done_reported_ || replay_) return Progress::kWaiting;
   // Header offsets count the op's elements; the accumulator (and so every
   // partial's payload) holds accumulator elements.
   const size_t esize = dtype_size(meta_.dtype);
@@ -197,10 +268,8 @@ Chunk::Progress Chunk::advance_locked(const ButterflyContext& context, Status& w
     if (!step_sent_) {
       step_sent_ = true;
       if (!s.send.empty()) {
-        if (auto lost = context.mesh->lost(group)) {
-          why = *lost;
-          return Progress::kFailed;
-        }
+        // A lost replica may be restarted: the send waits for it until the
+        // op's deadline (the sweep names it if it is not back by then).
         FrameHeader h = meta_;
         h.kind = FrameKind::kPartial;
         h.rank = s.tag;
@@ -209,16 +278,18 @@ Chunk::Progress Chunk::advance_locked(const ButterflyContext& context, Status& w
         h.length = s.send.size() * acc_size;
         sends_pending_++;
         context.replica_bytes_sent.fetch_add(h.length, std::memory_order_relaxed);
-        context.mesh->send_partial(group, h, accumulator_, s.send.begin * acc_size, deadline_,
-                                   context.on_sent(shared_from_this()));
+        std::weak_ptr<Chunk> weak = weak_from_this();
+        context.mesh->send_partial(
+            group, h, accumulator_, s.send.begin * acc_size, deadline_,
+            [weak] {
+              auto self = weak.lock();
+              return self && !self->dropped();
+            },
+            context.on_sent(shared_from_this()));
       }
     }
     if (!s.recv.empty()) {
       if (!arrived_[step_]) {
-        if (auto lost = context.mesh->lost(group)) {
-          why = *lost;
-          return Progress::kFailed;
-        }
         if (auto left = context.left(group)) {
           why = *left;
           return Progress::kFailed;

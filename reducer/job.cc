@@ -73,6 +73,8 @@ Job::Job(JobSettings settings, std::shared_ptr<SlabQuota> quota, ReducerCounters
     local_size_ = settings_.group_sizes[settings_.group];
   }
   TALLY_CHECK(participants_.size() == 1 || mesh_ != nullptr);
+  replica_marks_.resize(participants_.size());
+  round_ = settings_.round;
 }
 
 Job::~Job() = default;
@@ -114,19 +116,24 @@ Status Job::join(const std::shared_ptr<JobMember>& member) {
     --reported_count_;
     not_above_released_ = -1;
   }
-  if (marks_known_) {
+  if (job_marks_known_) {
     // After its Welcome (posted behind it): where the job's marks stand.
     auto released = std::make_shared<wire::Control>();
-    released->mutable_released()->set_op_below(released_);
+    released->mutable_released()->set_op_below(job_released_);
     member->send_control(std::move(released));
   }
   return Status::ok();
 }
 
 void Job::leave(const JobMember* member, const Status& why, Departure how) {
+  if (leave_locked(member, why, how)) end_released_ops();
+}
+
+bool Job::leave_locked(const JobMember* member, const Status& why, Departure how) {
   std::lock_guard lock(mu_);
+  bool released_moved = false;
   const uint32_t rank = member->rank();
-  if (rank >= members_.size() || members_[rank].get() != member) return;
+  if (rank >= members_.size() || members_[rank].get() != member) return false;
   members_[rank] = nullptr;
   // A rank that left needs no replay in this job (a lost one never comes
   // back to it: every later op fails), so the others' results are released
@@ -135,6 +142,7 @@ void Job::leave(const JobMember* member, const Status& why, Departure how) {
   if (rank < received_.size()) {
     if (auto released = note_mark_locked(rank, std::numeric_limits<uint64_t>::max())) {
       for (auto& m : members_locked()) m->send_control(released);
+      released_moved = true;
     }
   }
   if (std::none_of(members_.begin(), members_.end(), [](auto& m) { return m != nullptr; })) {
@@ -150,7 +158,7 @@ void Job::leave(const JobMember* member, const Status& why, Departure how) {
                       "rank " + std::to_string(rank) + " (" + member->peer() + ") left job '" +
                           name() + "' before contributing (it said: " + why.message() + ")");
     for (uint64_t op : ops) fail_op_locked(op, gone, {rank});
-    return;
+    return released_moved;
   }
   const Status lost(ErrorCode::kPeerLost, "rank " + std::to_string(rank) + " (" + member->peer() +
                                               ") of job '" + name() +
@@ -160,6 +168,7 @@ void Job::leave(const JobMember* member, const Status& why, Departure how) {
     lost_ranks_ = {rank};
   }
   fail_all_ops_locked(lost, {rank}, Forward::kYes);
+  return released_moved;
 }
 
 std::vector<std::shared_ptr<JobMember>> Job::members_locked() const {
@@ -224,6 +233,11 @@ PayloadAction Job::on_contribution_header(const std::shared_ptr<JobMember>& memb
     }
   }
   std::unique_lock lock(mu_);
+  if (h.rank >= members_.size() || members_[h.rank] != member) {
+    // Sent before this stream's worker heard it was to rejoin (a new round
+    // of the job): it sends the chunk again on its new stream.
+    return PayloadAction::discard();
+  }
   if (auto failed = failed_ops_.find(h.op); failed != failed_ops_.end()) {
     // This member may have joined after the failure was announced.
     member->send_control(failed->second);
@@ -231,16 +245,6 @@ PayloadAction Job::on_contribution_header(const std::shared_ptr<JobMember>& memb
   }
   if (lost_) {
     fail_op_locked(h.op, *lost_, lost_ranks_);
-    return PayloadAction::discard();
-  }
-  if (replay && participants_.size() > 1) {
-    // A replayed result would have to stand in for the butterfly's partials.
-    fail_op_locked(h.op,
-                   Status(ErrorCode::kUnimplemented,
-                          "rank " + std::to_string(h.rank) + " replayed a result of op " +
-                              std::to_string(h.op) +
-                              " after a reconnect, but a job with replica groups cannot resume"),
-                   {h.rank});
     return PayloadAction::discard();
   }
   if (!kernel_supports(h.dtype)) {
@@ -290,7 +294,14 @@ PayloadAction Job::on_contribution_header(const std::shared_ptr<JobMember>& memb
       std::vector<EarlyPartial> partials = std::move(early->second);
       early_.erase(early);
       for (auto& p : partials) {
-        Status placed = chunk->place(p.from_group, p.header, std::move(p.slab), butterfly_);
+        Status placed;
+        if (p.header.flags & kFrameFlagFinal) {
+          // No rank of this group is in yet: it waits for them.
+          chunk->on_final(p.from_group, p.header, std::move(p.slab), local_size_, butterfly_,
+                          placed);
+        } else {
+          placed = chunk->place(p.from_group, p.header, std::move(p.slab), butterfly_);
+        }
         if (!placed.is_ok()) {
           fail_op_locked(h.op, placed, {});
           return PayloadAction::discard();
@@ -384,8 +395,40 @@ void Job::on_contribution_payload(const FrameHeader& h, PendingContribution& pen
   const SlabRole role = pending.role;
   pending.reset();
   Status why;
-  const Chunk::Progress progress = chunk->add(role, std::move(slab), local_size_, butterfly_, why);
+  Chunk::Progress progress = chunk->add(role, std::move(slab), local_size_, butterfly_, why);
+  if (progress == Chunk::Progress::kWaiting && participants_.size() > 1) {
+    // A replay of an op every rank has: the ranks that sent theirs are
+    // answered now; the others have let theirs go and send none.
+    bool released;
+    {
+      std::lock_guard lock(mu_);
+      released = chunk->op() < job_released_;
+    }
+    if (released && chunk->end_released()) progress = Chunk::Progress::kDone;
+  }
+  // Before the chunk is finished: finishing hands its result to the members.
+  if (role == SlabRole::kReplay && participants_.size() > 1) send_final(chunk);
   settle(chunk, progress, why);
+}
+
+void Job::send_final(const std::shared_ptr<Chunk>& chunk) {
+  FrameHeader h;
+  std::shared_ptr<Slab> result = chunk->final_to_send(h);
+  if (!result) return;
+  const auto deadline = chunk->created() + settings_.op_timeout;
+  std::weak_ptr<Chunk> weak = chunk;
+  for (uint32_t g : participants_) {
+    if (g == settings_.group) continue;
+    counters_.replica_bytes_sent.fetch_add(h.length, std::memory_order_relaxed);
+    // A final that cannot be sent leaves that replica's chunk to time out.
+    mesh_->send_partial(
+        g, h, result, 0, deadline,
+        [weak] {
+          auto c = weak.lock();
+          return !c || !c->dropped();
+        },
+        [](const Status&) {});
+  }
 }
 
 void Job::settle(const std::shared_ptr<Chunk>& chunk, Chunk::Progress progress, const Status& why) {
@@ -405,6 +448,9 @@ void Job::finish(const std::shared_ptr<Chunk>& chunk) {
     if (it == chunks_.end() || it->second != chunk) return;  // failed meanwhile
     chunks_.erase(it);
     straggler_logged_.erase(chunk->op());
+    if (participants_.size() > 1 && chunk->replayed() && chunk->op() >= released_) {
+      finished_finals_.insert({chunk->op(), chunk->index()});
+    }
     if (auto p = op_progress_.find(chunk->op()); p != op_progress_.end()) {
       if (++p->second.finished >= p->second.expected) {
         op_began = p->second.began;
@@ -445,17 +491,28 @@ void Job::finish(const std::shared_ptr<Chunk>& chunk) {
   for (auto& m : members) m->send_result(out, result);
 }
 
-void Job::on_received(uint32_t rank, uint64_t op_below) {
+void Job::on_received(uint32_t rank, uint64_t op_below, uint64_t released_below) {
   std::shared_ptr<const wire::Control> message;
   std::vector<std::shared_ptr<JobMember>> members;
   {
     std::lock_guard lock(mu_);
     if (rank >= received_.size()) return;
     message = note_mark_locked(rank, op_below);
+    if (released_below > job_released_ && participants_.size() > 1) {
+      // Found by another shard's reducers, while this one's count waits
+      // for a lost replica's group.
+      job_released_ = released_below;
+      if (job_marks_known_) {
+        auto control = std::make_shared<wire::Control>();
+        control->mutable_released()->set_op_below(job_released_);
+        message = std::move(control);
+      }
+    }
     if (!message) return;
     members = members_locked();
   }
   for (auto& m : members) m->send_control(message);
+  end_released_ops();
 }
 
 std::shared_ptr<const wire::Control> Job::note_mark_locked(uint32_t rank, uint64_t op_below) {
@@ -487,8 +544,49 @@ std::shared_ptr<const wire::Control> Job::note_mark_locked(uint32_t rank, uint64
   for (uint32_t r : joined_) not_above_released_ += received_[r] <= least;
   if (least <= released_ && !announce) return nullptr;
   released_ = std::max(released_, least);
+  finished_finals_.erase(finished_finals_.begin(), finished_finals_.lower_bound({released_, 0}));
+  if (participants_.size() > 1) {
+    auto mark = std::make_shared<wire::Control>();
+    mark->mutable_replica_mark()->set_job(name());
+    mark->mutable_replica_mark()->set_mark(released_);
+    for (uint32_t g : participants_) {
+      if (g != settings_.group) mesh_->send_control(g, mark);
+    }
+  }
+  return released_locked(announce);
+}
+
+void Job::end_released_ops() {
+  std::vector<std::shared_ptr<Chunk>> ended;
+  {
+    std::lock_guard lock(mu_);
+    if (participants_.size() == 1) return;
+    early_.erase(early_.begin(), early_.lower_bound({job_released_, 0}));
+    for (auto it = chunks_.begin(); it != chunks_.end() && it->first.first < job_released_; ++it) {
+      ended.push_back(it->second);
+    }
+  }
+  for (auto& chunk : ended) {
+    if (chunk->end_released()) finish(chunk);
+  }
+}
+
+std::shared_ptr<const wire::Control> Job::released_locked(bool announce) {
+  if (!marks_known_) return nullptr;
+  // A worker of any group keeps its results until every group has them:
+  // after a restart, another group's ranks may need one replayed.
+  uint64_t least = released_;
+  for (size_t i = 0; i < participants_.size(); ++i) {
+    if (i == my_index_) continue;
+    if (!replica_marks_[i]) return nullptr;
+    least = std::min(least, *replica_marks_[i]);
+  }
+  const bool first = !job_marks_known_;
+  job_marks_known_ = true;
+  if (!first && !announce && least <= job_released_) return nullptr;
+  job_released_ = std::max(job_released_, least);
   auto control = std::make_shared<wire::Control>();
-  control->mutable_released()->set_op_below(released_);
+  control->mutable_released()->set_op_below(job_released_);
   return control;
 }
 
@@ -511,7 +609,8 @@ std::string Job::history_of(const std::vector<uint32_t>& ranks) const {
 
 bool Job::empty() const {
   std::lock_guard lock(mu_);
-  return std::none_of(members_.begin(), members_.end(), [](auto& m) { return m != nullptr; });
+  return std::none_of(members_.begin(), members_.end(), [](auto& m) { return m != nullptr; }) &&
+         Clock::now() >= rejoin_until_;
 }
 
 std::map<uint32_t, std::string> Job::departures() const {
@@ -609,9 +708,19 @@ size_t Job::sweep(Clock::time_point now) {
   }
   for (auto& [op, o] : overdue) {
     std::sort(o.ranks.begin(), o.ranks.end());
-    std::string what = o.ranks.empty() && o.replica
-                           ? mesh_->describe(*o.replica)
-                           : "ranks [" + ranks_string(o.ranks) + "]" + o.note;
+    std::string what = "ranks [" + ranks_string(o.ranks) + "]" + o.note;
+    if (o.ranks.empty() && o.replica) {
+      // The partner waited for may itself wait for a lost replica: that
+      // one is named.
+      what = mesh_->describe(*o.replica);
+      for (uint32_t g : participants_) {
+        if (g == settings_.group) continue;
+        if (auto lost = mesh_->lost(g)) {
+          what = lost->message();
+          break;
+        }
+      }
+    }
     fail_op_locked(
         op,
         Status(ErrorCode::kTimeout,

@@ -1,6 +1,8 @@
 // Job's side of the replica groups (job.h): announcing the job to the
 // other replicas of its shard, checking what they announce, taking their
 // partials of its chunks, and their errors, departures and loss.
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 
 #include "tally.pb.h"
@@ -42,6 +44,11 @@ Status Job::check_replica_settings(const wire::ReplicaJob& replica, const std::s
 }
 
 std::shared_ptr<const wire::Control> Job::replica_job_message() const {
+  std::lock_guard lock(mu_);
+  return replica_job_message_locked();
+}
+
+std::shared_ptr<const wire::Control> Job::replica_job_message_locked() const {
   auto message = std::make_shared<wire::Control>();
   auto* rj = message->mutable_replica_job();
   rj->set_job(name());
@@ -50,11 +57,105 @@ std::shared_ptr<const wire::Control> Job::replica_job_message() const {
   rj->set_op_timeout_ms(static_cast<uint32_t>(settings_.op_timeout.count()));
   rj->set_groups_explicit(settings_.groups_explicit);
   rj->set_authenticated(settings_.authenticated);
+  rj->set_round(round_);
+  if (marks_known_) {
+    rj->set_has_mark(true);
+    rj->set_mark(released_);
+  }
   return message;
 }
 
+uint64_t Job::round() const {
+  std::lock_guard lock(mu_);
+  return round_;
+}
+
+void Job::start_round_locked(uint64_t round, const std::string& why) {
+  round_ = round;
+  size_t dropped = 0;
+  for (auto& [key, chunk] : chunks_) {
+    chunk->fail();
+    ++dropped;
+  }
+  chunks_.clear();
+  early_.clear();
+  op_progress_.clear();
+  straggler_logged_.clear();
+  finished_finals_.clear();
+  // Every member sends its ops in flight again on a new stream: chunks
+  // this round has no result of as contributions, the others as replays.
+  auto rejoin = std::make_shared<wire::Control>();
+  rejoin->mutable_rejoin()->set_reason(why);
+  size_t asked = 0;
+  for (auto& m : members_) {
+    if (!m) continue;
+    m->send_control(rejoin);
+    m = nullptr;
+    ++asked;
+  }
+  const auto now = Clock::now();
+  rejoin_until_ = now + settings_.op_timeout;
+  memberless_since_ = now;
+  spdlog::info(
+      "job '{}' shard {} group {} starts round {} ({}): {} chunks in flight dropped, {} "
+      "workers asked to rejoin",
+      name(), settings_.shard, settings_.group, round_, why, dropped, asked);
+  auto announce = replica_job_message_locked();
+  for (uint32_t g : participants_) {
+    if (g != settings_.group) mesh_->send_control(g, announce);
+  }
+}
+
+void Job::on_replica_round(uint32_t group, uint64_t round, std::optional<uint64_t> mark) {
+  std::vector<std::shared_ptr<JobMember>> members;
+  std::shared_ptr<const wire::Control> released;
+  {
+    std::lock_guard lock(mu_);
+    auto it = std::find(participants_.begin(), participants_.end(), group);
+    if (it == participants_.end() || group == settings_.group) return;
+    if (mark) {
+      auto& known = replica_marks_[it - participants_.begin()];
+      known = std::max(known.value_or(0), *mark);
+      if ((released = released_locked(false))) members = members_locked();
+    }
+    if (round > round_) {
+      if (lost_ || retired_) {
+        round_ = round;
+      } else {
+        start_round_locked(round, mesh_->describe(group) + " started round " +
+                                      std::to_string(round) + " of the job");
+        members.clear();
+      }
+    } else if (round < round_) {
+      // It has not heard of this round yet (it was restarted, or its
+      // announcement crossed ours): this is what it needs to catch up.
+      mesh_->send_control(group, replica_job_message_locked());
+    }
+  }
+  for (auto& m : members) m->send_control(released);
+  if (released) end_released_ops();
+}
+
+void Job::on_replica_mark(uint32_t group, uint64_t mark) {
+  std::vector<std::shared_ptr<JobMember>> members;
+  std::shared_ptr<const wire::Control> released;
+  {
+    std::lock_guard lock(mu_);
+    auto it = std::find(participants_.begin(), participants_.end(), group);
+    if (it == participants_.end() || group == settings_.group) return;
+    auto& known = replica_marks_[it - participants_.begin()];
+    known = std::max(known.value_or(0), mark);
+    released = released_locked(false);
+    if (!released) return;
+    members = members_locked();
+  }
+  for (auto& m : members) m->send_control(released);
+  end_released_ops();
+}
+
 PayloadAction Job::on_partial_header(uint32_t from_group, const FrameHeader& h,
-                                     PendingPartial& pending, std::function<void()> wake) {
+                                     PendingPartial& pending, std::function<void()> wake,
+                                     uint64_t round) {
   std::lock_guard lock(mu_);
   if (std::find(participants_.begin(), participants_.end(), from_group) == participants_.end() ||
       from_group == settings_.group) {
@@ -69,6 +170,7 @@ PayloadAction Job::on_partial_header(uint32_t from_group, const FrameHeader& h,
             name(), job_gone_here(settings_.shard, settings_.group, name(), retired_why_), h.op));
     return PayloadAction::discard();
   }
+  if (round < round_ || stale_partial_locked(h)) return PayloadAction::discard();
   if (auto failed = failed_ops_.find(h.op); failed != failed_ops_.end()) {
     // It may not have heard of the failure yet.
     mesh_->send_control(from_group, replica_error_message(name(), failed->second->error()));
@@ -82,18 +184,29 @@ PayloadAction Job::on_partial_header(uint32_t from_group, const FrameHeader& h,
   if (!slab) return PayloadAction::pause();
   pending.slab = std::move(slab);
   pending.from_group = from_group;
+  pending.round = round_;
   return PayloadAction::receive(pending.slab->first(h.length));
+}
+
+bool Job::stale_partial_locked(const FrameHeader& h) const {
+  // Every rank of this group has the results of the ops below its least
+  // mark, so their chunks here are finished: a partial for one was sent by
+  // a replica that had not heard of a final result yet, and a final came
+  // from a second replica with a replay.
+  return h.op < released_ || finished_finals_.count({h.op, h.chunk}) > 0;
 }
 
 void Job::on_partial_payload(const FrameHeader& h, PendingPartial& pending) {
   counters_.replica_bytes_received.fetch_add(h.length, std::memory_order_relaxed);
   std::shared_ptr<Slab> slab = std::move(pending.slab);
   const uint32_t from = pending.from_group;
+  const uint64_t round = pending.round;
   pending = {};
   std::shared_ptr<Chunk> chunk;
   {
     std::lock_guard lock(mu_);
-    if (failed_ops_.count(h.op)) return;
+    // A new round began while it arrived, or it became unneeded.
+    if (round != round_ || stale_partial_locked(h) || failed_ops_.count(h.op)) return;
     auto it = chunks_.find({h.op, h.chunk});
     if (it == chunks_.end()) {
       early_[{h.op, h.chunk}].push_back({from, h, std::move(slab), Clock::now()});
@@ -102,7 +215,10 @@ void Job::on_partial_payload(const FrameHeader& h, PendingPartial& pending) {
     chunk = it->second;
   }
   Status why;
-  const Chunk::Progress progress = chunk->on_partial(from, h, std::move(slab), butterfly_, why);
+  const Chunk::Progress progress =
+      (h.flags & kFrameFlagFinal)
+          ? chunk->on_final(from, h, std::move(slab), local_size_, butterfly_, why)
+          : chunk->on_partial(from, h, std::move(slab), butterfly_, why);
   settle(chunk, progress, why);
 }
 
@@ -144,13 +260,17 @@ void Job::on_replica_left(uint32_t group, const Status& why) {
   }
 }
 
-void Job::on_replica_lost(uint32_t group, const Status& why) {
+void Job::on_replica_back(uint32_t group) {
   std::lock_guard lock(mu_);
   if (group == settings_.group ||
       std::find(participants_.begin(), participants_.end(), group) == participants_.end()) {
     return;
   }
-  fail_all_ops_locked(why, {}, Forward::kYes);
+  // Whatever it had summed of the ops in flight may be gone with it (a
+  // restart), and its partials are part of every replica's sums: every
+  // replica drops them and its workers send those ops again.
+  if (lost_ || retired_) return;
+  start_round_locked(round_ + 1, mesh_->describe(group) + " is back after a loss");
 }
 
 }  // namespace tally

@@ -169,6 +169,7 @@ Result<std::shared_ptr<Job>> JobTable::admit_replica_job(const wire::ReplicaJob&
   settings.group_sizes = sizes;
   settings.groups_explicit = rj.groups_explicit();
   settings.authenticated = rj.authenticated();
+  settings.round = rj.round();
   return create_locked(std::move(settings));
 }
 
@@ -201,8 +202,17 @@ std::optional<std::vector<std::shared_ptr<Job>>> JobTable::snapshot() const {
 void JobTable::on_replica_lost(uint32_t group, const Status& why) {
   auto jobs = snapshot();
   if (!jobs) return;  // stopping: every stream is closing anyway
-  spdlog::warn("{}", why.to_string());
-  for (auto& job : *jobs) job->on_replica_lost(group, why);
+  // Nothing is failed: what is sent to it meanwhile is dropped, and the
+  // chunks that need it wait until it is back (on_replica_back) or their
+  // op times out naming it (Job::sweep).
+  spdlog::warn("{}; the chunks that need it wait for it", why.to_string());
+}
+
+void JobTable::on_replica_back(uint32_t group) {
+  auto jobs = snapshot();
+  if (!jobs) return;
+  spdlog::info("{} is back", replicas_->describe(group));
+  for (auto& job : *jobs) job->on_replica_back(group);
 }
 
 void JobTable::erase_locked(const std::shared_ptr<Job>& job) {

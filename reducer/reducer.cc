@@ -393,6 +393,9 @@ Result<std::unique_ptr<Reducer>> Reducer::start(const ReducerOptions& options) {
          },
          [jobs](uint32_t group, const Status& why) {
            if (auto table = jobs.lock()) table->on_replica_lost(group, why);
+         },
+         [jobs](uint32_t group) {
+           if (auto table = jobs.lock()) table->on_replica_back(group);
          }});
   }
   for (size_t i = 0; i < options.io_threads; ++i) {

@@ -129,10 +129,18 @@ void ReplicaSession::on_control(const wire::Control& message) {
       spdlog::warn("job '{}' from replica group {}: {}", rj.job(), *group_,
                    job.status().to_string());
       answer(replica_error_message(rj.job(), job.status()));
-      jobs_[job_id(rj.job())] = {rj.job(), {}};
+      jobs_[job_id(rj.job())] = {rj.job(), {}, rj.round()};
       return;
     }
-    jobs_[(*job)->id()] = {rj.job(), *job};
+    jobs_[(*job)->id()] = {rj.job(), *job, rj.round()};
+    (*job)->on_replica_round(*group_, rj.round(),
+                             rj.has_mark() ? std::optional<uint64_t>(rj.mark()) : std::nullopt);
+    return;
+  } else if (message.has_replica_mark()) {
+    const wire::ReplicaMark& rm = message.replica_mark();
+    auto it = jobs_.find(job_id(rm.job()));
+    if (it == jobs_.end()) return;
+    if (auto job = it->second.job.lock()) job->on_replica_mark(*group_, rm.mark());
     return;
   } else if (message.has_replica_error()) {
     const wire::ReplicaError& re = message.replica_error();
@@ -177,11 +185,14 @@ PayloadAction ReplicaSession::on_data_header(const FrameHeader& h) {
     return PayloadAction::discard();
   }
   std::weak_ptr<ReplicaSession> weak = shared_from_this();
-  return partial_job_->on_partial_header(*group_, h, partial_, [weak] {
-    auto self = weak.lock();
-    if (!self || self->context_->stopped) return;
-    boost::asio::post(self->conn_->executor(), [self] { self->conn_->resume(); });
-  });
+  return partial_job_->on_partial_header(
+      *group_, h, partial_,
+      [weak] {
+        auto self = weak.lock();
+        if (!self || self->context_->stopped) return;
+        boost::asio::post(self->conn_->executor(), [self] { self->conn_->resume(); });
+      },
+      it->second.round);
 }
 
 void ReplicaSession::on_data(const FrameHeader& h, std::span<std::byte>) {

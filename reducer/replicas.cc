@@ -65,10 +65,13 @@ void Replicas::release() {
 
 void Replicas::send_partial(uint32_t group, const FrameHeader& header, std::shared_ptr<Slab> slab,
                             size_t byte_offset, std::chrono::steady_clock::time_point deadline,
-                            SendDone done) {
+                            std::function<bool()> current, SendDone done) {
   auto shared_done = std::make_shared<SendDone>(std::move(done));
   links_.at(group)->send(
-      [header, slab, byte_offset, shared_done](Connection& conn) {
+      [header, slab, byte_offset, current = std::move(current), shared_done](Connection& conn) {
+        if (current && !current()) {
+          return (*shared_done)(Status(ErrorCode::kCancelled, "the chunk was dropped"));
+        }
         conn.send(header, {slab->data() + byte_offset, header.length},
                   [slab, shared_done](const Status& s) { (*shared_done)(s); });
       },
@@ -111,15 +114,22 @@ std::vector<std::shared_ptr<const wire::Control>> Replicas::announcements(uint32
 }
 
 void Replicas::stream_up(uint32_t group, StreamDirection direction) {
-  std::lock_guard lock(mu_);
-  Replica& r = replicas_.at(group);
-  if (direction == StreamDirection::kOutbound) {
-    r.out_up = true;
-  } else {
-    ++r.in_up;
+  bool back = false;
+  {
+    std::lock_guard lock(mu_);
+    Replica& r = replicas_.at(group);
+    if (direction == StreamDirection::kOutbound) {
+      r.out_up = true;
+    } else {
+      ++r.in_up;
+    }
+    if (r.out_up && r.in_up && r.lost) {
+      r.lost.reset();
+      back = true;
+    }
+    count_links_locked();
   }
-  if (r.out_up && r.in_up) r.lost.reset();
-  count_links_locked();
+  if (back && callbacks_.on_back) callbacks_.on_back(group);
 }
 
 void Replicas::count_links_locked() {

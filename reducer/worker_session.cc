@@ -97,7 +97,8 @@ void WorkerSession::on_control(const wire::Control& message) {
   if (message.has_hello()) return on_hello(message.hello());
   if (message.has_auth_response()) return on_auth_response(message.auth_response());
   if (message.has_received() && job_) {
-    return job_->on_received(rank_, message.received().op_below());
+    return job_->on_received(rank_, message.received().op_below(),
+                             message.received().released_below());
   }
   if (message.has_goodbye()) {
     said_goodbye_ = true;

@@ -81,19 +81,20 @@ std::unique_ptr<RawPeer> restart_and_resume(TestCluster& cluster, wire::Control 
 
 // Every rank keeps `depth` ops in flight, op i of `floats(i)` elements,
 // while the reducers are SIGKILLed and restarted `kills` times (spread over
-// the ops, alternating shards): every op must end well, its sum exact, and
-// a reducer must have logged a resume.
+// the ops, taking `victims` (pool indices) in turn): every op must end well,
+// its sum exact, and a reducer must have logged a resume.
 void train_through_kills(TestCluster& cluster, std::vector<std::unique_ptr<Client>>& clients,
-                         int ops, size_t depth, const std::function<size_t(int)>& floats,
-                         int kills) {
+                         int ops, size_t depth, const std::function<size_t(int)>& floats, int kills,
+                         const std::vector<uint32_t>& victims = {0, 1}) {
   const uint32_t world = static_cast<uint32_t>(clients.size());
   std::atomic<int> finished{0};  // rank 0's ops that have ended
   std::thread killer([&] {
     for (int k = 0; k < kills; ++k) {
       const int at = (k + 1) * ops / (kills + 1);
       if (!eventually([&] { return finished.load() >= at; }, 60s)) return;
-      cluster.kill_reducer(k % 2, SIGKILL);
-      EXPECT_TRUE(cluster.restart_reducer(k % 2).is_ok());
+      const uint32_t victim = victims[k % victims.size()];
+      cluster.kill_reducer(victim, SIGKILL);
+      EXPECT_TRUE(cluster.restart_reducer(victim).is_ok());
     }
   });
   on_every_rank(world, [&](uint32_t r) {
@@ -117,7 +118,8 @@ void train_through_kills(TestCluster& cluster, std::vector<std::unique_ptr<Clien
     while (!inflight.empty()) end_oldest();
   });
   killer.join();
-  const std::string logs = cluster.reducer_log(0) + cluster.reducer_log(1);
+  std::string logs;
+  for (uint32_t i = 0; i < cluster.addresses().size(); ++i) logs += cluster.reducer_log(i);
   EXPECT_TRUE(contains(logs, "resumed"));
   if (::testing::Test::HasFailure()) ADD_FAILURE() << "reducer logs:\n" << logs;
 }
@@ -132,6 +134,27 @@ TEST(Resume, KilledReducerRestartedMidOpsCompletesEveryOpExactly) {
   // 1 to 16 chunks on each shard (1 KiB chunks).
   train_through_kills(
       cluster, clients, 400, 4, [](int i) { return 1 + (i % 8) * 1000; }, 3);
+}
+
+// The same in a pool of 2 shards x 2 replica groups (docs/protocol.md,
+// "Resuming with replica groups"): the killed reducer's replica starts a
+// new round of the job, every group's workers send their ops in flight
+// again, and a result some rank already had comes back to the others as
+// those bytes, whichever group had it.
+TEST(Resume, KilledReplicaRestartedMidOpsCompletesEveryOpExactly) {
+  PoolSpec spec{.shards = 2};
+  spec.groups = 2;
+  TestCluster cluster(spec);
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  auto clients = connect_all(cluster, unique_job("resume-groups"), 4,
+                             [](ClientOptions& o, uint32_t) { o.groups = 2; });
+  ASSERT_EQ(clients.size(), 4u);
+  // (group 0, shard 1) and (group 1, shard 0) in turn.
+  train_through_kills(cluster, clients, 400, 4, [](int i) { return 1 + (i % 8) * 1000; }, 4,
+                      {1, 2});
+  std::string logs;
+  for (uint32_t i = 0; i < 4; ++i) logs += cluster.reducer_log(i);
+  EXPECT_TRUE(contains(logs, "starts round")) << logs;
 }
 
 // Ops of 4 MiB and more are not copied when they end: each ends once a

@@ -241,8 +241,8 @@ TEST(FrameLayout, FieldsSitAtDocumentedOffsetsLittleEndian) {
   EXPECT_EQ(byte(2), 'L');
   EXPECT_EQ(byte(3), 'Y');
   EXPECT_EQ(get_le(b, 0, 4), 0x594C4154u);
-  // Version 3, little-endian.
-  EXPECT_EQ(byte(4), 0x03);
+  // Version 4, little-endian.
+  EXPECT_EQ(byte(4), 0x04);
   EXPECT_EQ(byte(5), 0x00);
   EXPECT_EQ(byte(6), 3);   // kind: result
   EXPECT_EQ(byte(7), 6);   // dtype: int64
@@ -327,7 +327,7 @@ TEST(FrameDecode, RejectsBadMagic) {
 }
 
 TEST(FrameDecode, RejectsOtherVersionsWithVersionMismatchNamingBoth) {
-  for (uint64_t version : {0ULL, 1ULL, 2ULL, 4ULL, 0x1234ULL, 0xFFFFULL, 0x0300ULL}) {
+  for (uint64_t version : {0ULL, 1ULL, 2ULL, 3ULL, 5ULL, 0x1234ULL, 0xFFFFULL, 0x0400ULL}) {
     SCOPED_TRACE("version " + std::to_string(version));
     EncodedHeader b = encode_header(valid_data_header());
     put_le(b, 4, 2, version);
@@ -411,6 +411,8 @@ TEST(FrameDecode, RejectsAnyNonzeroReservedOrFlagBit) {
     for (int bit = 0; bit < 8; ++bit) {
       SCOPED_TRACE("byte " + std::to_string(offset) + " bit " + std::to_string(bit));
       for (FrameKind kind : kAllKinds) {
+        // The final-result bit is a partial's (below).
+        if (offset == 10 && bit == 2 && kind == FrameKind::kPartial) continue;
         FrameHeader h = valid_data_header();
         h.kind = kind;
         EncodedHeader b = encode_header(h);
@@ -489,6 +491,29 @@ TEST(FrameDecode, WideResultFlagAsksForFloat32ResultsOfSixteenBitContributions) 
   f32_result.kind = FrameKind::kResult;
   f32_result.flags = kFrameFlagAccumulators;
   expect_rejected(encode_header(f32_result), ErrorCode::kProtocol);
+}
+
+TEST(FrameDecode, FinalFlagMarksAPartialThatCarriesAChunksResult) {
+  // A replica's final result of a float32 chunk, and of a bfloat16 chunk
+  // whose workers asked for float32 results (as the result carries them).
+  FrameHeader final_f32 = valid_data_header(DType::kFloat32);
+  final_f32.kind = FrameKind::kPartial;
+  final_f32.flags = kFrameFlagFinal;
+  auto r = decode(encode_header(final_f32));
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_EQ(r->flags, kFrameFlagFinal);
+  FrameHeader final_wide = valid_data_header(DType::kBFloat16);
+  final_wide.kind = FrameKind::kPartial;
+  final_wide.flags = kFrameFlagFinal | kFrameFlagAccumulators | kFrameFlagWideResult;
+  final_wide.length = 100 * 4;
+  ASSERT_TRUE(decode(encode_header(final_wide)).is_ok());
+  // On no other kind.
+  for (FrameKind kind :
+       {FrameKind::kContribution, FrameKind::kResult, FrameKind::kReplay, FrameKind::kControl}) {
+    FrameHeader other = final_f32;
+    other.kind = kind;
+    expect_rejected(encode_header(other), ErrorCode::kProtocol);
+  }
 }
 
 TEST(FrameDecode, ReplayCarriesAResultAsItCameWithItsShardsChunkCount) {

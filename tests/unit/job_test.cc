@@ -351,7 +351,7 @@ class QueueMesh : public ReplicaMesh {
   QueueMesh(std::vector<QueuedPartial>& wire, uint32_t self) : wire_(wire), self_(self) {}
   void send_partial(uint32_t group, const FrameHeader& header, std::shared_ptr<Slab> slab,
                     size_t byte_offset, std::chrono::steady_clock::time_point,
-                    SendDone done) override {
+                    std::function<bool()>, SendDone done) override {
     std::lock_guard lock(mu_);
     wire_.push_back({self_, group, header, std::move(slab), byte_offset, std::move(done)});
   }

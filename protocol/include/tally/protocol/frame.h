@@ -36,7 +36,7 @@
 namespace tally {
 
 inline constexpr uint32_t kFrameMagic = 0x594C4154;  // "TALY" in memory order
-inline constexpr uint16_t kProtocolVersion = 3;
+inline constexpr uint16_t kProtocolVersion = 4;
 inline constexpr size_t kFrameHeaderBytes = 64;
 // Control messages are small (hello, errors); anything larger is hostile.
 inline constexpr size_t kMaxControlBytes = 64 * 1024;
@@ -55,6 +55,13 @@ inline constexpr uint16_t kFrameFlagAccumulators = 0x1;
 // to a chunk must agree, and a partial carries it (beside bit 0) so that
 // replicas whose groups disagree fail the op too.
 inline constexpr uint16_t kFrameFlagWideResult = 0x2;
+// Flag bit 2 (partials only, protocol 4): the payload is the chunk's final
+// result, as its reducer sends it to workers (kFrameFlagAccumulators and
+// kFrameFlagWideResult as on that result), not a butterfly segment. A
+// replica that was given the result by a worker's replay after a restart
+// sends it to the other replicas of its shard in place of its partials
+// (docs/protocol.md, "Resuming with replica groups"); rank is 0.
+inline constexpr uint16_t kFrameFlagFinal = 0x4;
 
 enum class FrameKind : uint8_t {
   kControl = 1,       // payload: tally.wire.Control

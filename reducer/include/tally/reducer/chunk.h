@@ -101,6 +101,22 @@ class Chunk : public std::enable_shared_from_this<Chunk> {
   // A partial arrived for this chunk: place it and run the butterfly on.
   Progress on_partial(uint32_t from_group, const FrameHeader& header, std::shared_ptr<Slab> slab,
                       const ButterflyContext& context, Status& why);
+  // A replica's final result of this chunk (a kFrameFlagFinal partial,
+  // protocol.md "Resuming with replica groups"): it stands for the
+  // butterfly, as a worker's replay does. kDone once every rank of this
+  // group is in too; kFailed with `why` when it does not fit the chunk.
+  Progress on_final(uint32_t from_group, const FrameHeader& header, std::shared_ptr<Slab> slab,
+                    uint32_t local_size, const ButterflyContext& context, Status& why);
+  // The header of this chunk's final result for the other replicas, and the
+  // result, the first time it is asked after a replay has arrived here;
+  // null after that (and before).
+  std::shared_ptr<Slab> final_to_send(FrameHeader& header);
+  // Every rank of the job has every result of this chunk's op (Released):
+  // the chunk ends now with the replayed result it has (true), answering
+  // the ranks that sent theirs; false without one, or when it has ended.
+  bool end_released();
+  // Whether the chunk was dropped (failed, or its round ended).
+  bool dropped() const;
   // A partial send of this chunk completed with `status`.
   Progress on_sent(const Status& status, const ButterflyContext& context, Status& why);
   // The replica of `group` has ended the job: kFailed when a step still
@@ -163,6 +179,12 @@ class Chunk : public std::enable_shared_from_this<Chunk> {
   uint32_t sends_pending_ = 0;
   bool local_done_ = false;  // every rank of this group has been added
   bool done_reported_ = false;
+  bool final_sent_ = false;  // final_to_send has handed out the replay
 };
+
+// The header a final result of the chunk `meta` (its contributions' shape)
+// carries between replicas, with `flags` and `length` as its result has
+// them.
+FrameHeader final_header(const FrameHeader& meta);
 
 }  // namespace tally

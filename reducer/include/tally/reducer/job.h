@@ -87,12 +87,16 @@ struct JobSettings {
   std::map<uint32_t, std::string> history;
   // Its members proved they hold the job secret; every later one must too.
   bool authenticated = false;
+  // The round it starts in (ReplicaJob.round): 0, or the round of the
+  // replica whose ReplicaJob created it.
+  uint64_t round = 0;
 };
 
 // What a replica's stream keeps between a partial's header and its payload.
 struct PendingPartial {
   std::shared_ptr<Slab> slab;
   uint32_t from_group = 0;
+  uint64_t round = 0;  // the job's round it was taken in
 };
 
 // What a member keeps between a contribution's header and its payload.
@@ -197,19 +201,33 @@ class Job : public std::enable_shared_from_this<Job> {
   // (Released) that no one will need those ops replayed. Once every rank
   // of the group has joined and said a mark, the least is told even
   // unchanged: resumed workers wait for it.
-  void on_received(uint32_t rank, uint64_t op_below);
-  // A partial from the replica of `from_group`: where its payload goes.
-  // kPause after registering `wake` with the quota.
+  // `released_below` is the highest Released the rank has had from any
+  // reducer: every rank has the results below it.
+  void on_received(uint32_t rank, uint64_t op_below, uint64_t released_below = 0);
+  // A partial from the replica of `from_group`, sent in its `round` of the
+  // job: where its payload goes (nowhere for an earlier round than this
+  // one's). kPause after registering `wake` with the quota.
   PayloadAction on_partial_header(uint32_t from_group, const FrameHeader& header,
-                                  PendingPartial& pending, std::function<void()> wake);
+                                  PendingPartial& pending, std::function<void()> wake,
+                                  uint64_t round = 0);
   void on_partial_payload(const FrameHeader& header, PendingPartial& pending);
   // Another replica failed an op (has_op) or the whole job; not forwarded.
   void on_replica_error(const wire::Error& error);
   // The job has ended on the replica of `group`: every op that still needs
   // a partial from it fails with `why`, now or when it gets there.
   void on_replica_left(uint32_t group, const Status& why);
-  // The replica of `group` was lost: every op in flight here fails.
-  void on_replica_lost(uint32_t group, const Status& why);
+  // The replica of `group` is back after a loss (restarted, or its streams
+  // reopened): the job starts a new round (docs/protocol.md, "Resuming
+  // with replica groups").
+  void on_replica_back(uint32_t group);
+  // The replica of `group` announced the job in its `round` (a ReplicaJob)
+  // with its group's least Received mark, if known: a later round than
+  // this one's is started here too; an earlier one is answered with this
+  // job's ReplicaJob, so that replica catches up.
+  void on_replica_round(uint32_t group, uint64_t round, std::optional<uint64_t> mark);
+  // The least Received mark of the replica of `group`'s ranks advanced.
+  void on_replica_mark(uint32_t group, uint64_t mark);
+  uint64_t round() const;
   // Taken out of the reducer's job table: partials still arriving for it
   // are answered with an error that gives `why`.
   void retire(std::string why);
@@ -220,7 +238,7 @@ class Job : public std::enable_shared_from_this<Job> {
   // logs stragglers past half of it. Returns how many distinct ranks are
   // being waited on past half the op timeout (for /metrics).
   size_t sweep(Clock::time_point now);
-  // Whether no member is connected.
+  // Whether no member is connected, nor any asked to rejoin is due back.
   bool empty() const;
   // Why ranks left this job (goodbye reasons and losses), for the next job
   // of the same name.
@@ -240,6 +258,27 @@ class Job : public std::enable_shared_from_this<Job> {
   std::shared_ptr<const wire::Control> note_mark_locked(uint32_t rank, uint64_t op_below);
   void fail_all_ops_locked(const Status& status, const std::vector<uint32_t>& ranks,
                            Forward forward);
+  // Starts round `round` (> round_): drops every chunk in flight, asks each
+  // member to rejoin (Rejoin) and announces the round to the other
+  // replicas; mu_ held.
+  void start_round_locked(uint64_t round, const std::string& why);
+  // Sends this chunk's final result (from a worker's replay) to the other
+  // replicas, if it has one not sent yet; no lock held.
+  void send_final(const std::shared_ptr<Chunk>& chunk);
+  std::shared_ptr<const wire::Control> replica_job_message_locked() const;
+  // A partial (or final) for a chunk whose result this group has: dropped.
+  bool stale_partial_locked(const FrameHeader& h) const;
+  // The Released every member is to be told when the job's least mark
+  // (over this group's ranks and the other replicas' groups) has moved;
+  // null otherwise; mu_ held.
+  std::shared_ptr<const wire::Control> released_locked(bool announce);
+  // With replica groups, after the job's least mark moved: ends what this
+  // reducer holds of the ops below it, which every rank has the results of
+  // (a replica or a rank that resumed with an older mark sent them again).
+  // No lock held.
+  void end_released_ops();
+  // leave() under mu_: whether the job's least mark moved.
+  bool leave_locked(const JobMember* member, const Status& why, Departure how);
   void finish(const std::shared_ptr<Chunk>& chunk);
   // Acts on a chunk's progress; no lock held.
   void settle(const std::shared_ptr<Chunk>& chunk, Chunk::Progress progress, const Status& why);
@@ -254,7 +293,7 @@ class Job : public std::enable_shared_from_this<Job> {
 
   struct EarlyPartial {
     uint32_t from_group;
-    FrameHeader header;
+    FrameHeader header;  // kFrameFlagFinal: a final result
     std::shared_ptr<Slab> slab;
     Clock::time_point arrived;
   };
@@ -274,6 +313,15 @@ class Job : public std::enable_shared_from_this<Job> {
   std::set<uint32_t> joined_;                        // ranks that ever joined here
   Clock::time_point memberless_since_;
   bool retired_ = false;
+  // Rounds (docs/protocol.md, "Resuming with replica groups"): this one,
+  // and until when the members asked to rejoin keep the job from counting
+  // as empty.
+  uint64_t round_ = 0;
+  Clock::time_point rejoin_until_{};
+  // Chunks of this round finished here with a final result (a replay's or
+  // another replica's), at or above the group's least mark: a final for
+  // one of them that arrives later is dropped, not kept waiting for it.
+  std::set<ChunkKey> finished_finals_;
   std::string retired_why_;
   std::optional<Status> lost_;  // why the job failed for good
   std::vector<uint32_t> lost_ranks_;
@@ -302,7 +350,12 @@ class Job : public std::enable_shared_from_this<Job> {
   // Received marks by rank, the least of them last told to the members,
   // and how many of this group's ranks are not above it (-1: to count).
   std::vector<uint64_t> received_;
-  uint64_t released_ = 0;
+  uint64_t released_ = 0;  // this group's least mark
+  // With replica groups: the other participants' least marks (by index in
+  // participants_; unset until said), and the least of all told to members.
+  std::vector<std::optional<uint64_t>> replica_marks_;
+  uint64_t job_released_ = 0;
+  bool job_marks_known_ = false;
   int64_t not_above_released_ = -1;
   // Ranks that have said a mark; once all of the group have, the least
   // is known (and was told to every member).

@@ -61,8 +61,10 @@ class JobTable {
   // ReplicaJob messages of the live jobs `group` takes part in, for a new
   // stream to that replica.
   std::vector<std::shared_ptr<const wire::Control>> announcements(uint32_t group) const;
-  // The replica of `group` was lost: every job fails its ops in flight.
+  // The replica of `group` was lost: logged; its jobs wait for it.
   void on_replica_lost(uint32_t group, const Status& why);
+  // Both streams to the replica of `group` are up again after a loss.
+  void on_replica_back(uint32_t group);
   // Fails timed-out ops and drops jobs a replica announced whose workers
   // never came here.
   void sweep(Job::Clock::time_point now);

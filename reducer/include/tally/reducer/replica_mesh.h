@@ -33,11 +33,13 @@ class ReplicaMesh {
   virtual ~ReplicaMesh() = default;
   // Sends a partial frame whose payload is header.length bytes of `slab` at
   // `byte_offset`; `slab` is held until `done`, which runs once, later, on
-  // some I/O thread (also when the replica is lost or `deadline` passes
-  // before it is reachable).
+  // some I/O thread (also when `deadline` passes before the replica is
+  // reachable). A send that waits for the replica to come back goes only if
+  // `current()` still holds then (its chunk was not dropped meanwhile);
+  // otherwise `done` gets kCancelled.
   virtual void send_partial(uint32_t group, const FrameHeader& header, std::shared_ptr<Slab> slab,
                             size_t byte_offset, std::chrono::steady_clock::time_point deadline,
-                            SendDone done) = 0;
+                            std::function<bool()> current, SendDone done) = 0;
   virtual void send_control(uint32_t group, std::shared_ptr<const wire::Control> message) = 0;
   // Why that replica cannot be used now (it was lost and is not back).
   virtual std::optional<Status> lost(uint32_t group) const = 0;

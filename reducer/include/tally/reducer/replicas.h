@@ -3,8 +3,10 @@
 // ReplicaLink) on which it sends everything it has for that replica
 // (ReplicaJob, partials, ReplicaError); it receives on the inbound stream
 // that replica dials here (a ReplicaSession). A replica is usable while both
-// are up. Once both had been up, losing either one fails the ops in flight
-// and makes new ones fail at once, until both are up again.
+// are up. Once both had been up, losing either one stalls the chunks that
+// need it (what is sent to it meanwhile is dropped) until both are up
+// again, when its jobs start a new round (docs/protocol.md, "Resuming with
+// replica groups"), or until their ops time out naming it.
 #pragma once
 
 #include <atomic>
@@ -40,6 +42,8 @@ struct ReplicaCallbacks {
   std::function<std::vector<std::shared_ptr<const wire::Control>>(uint32_t group)> announcements;
   // The replica of `group` was lost (`why` names it).
   std::function<void(uint32_t group, const Status& why)> on_lost;
+  // Both streams to the replica of `group` are up again after a loss.
+  std::function<void(uint32_t group)> on_back;
 };
 
 // Which of the two streams to a replica.
@@ -62,7 +66,7 @@ class Replicas final : public ReplicaMesh, public std::enable_shared_from_this<R
   // ReplicaMesh
   void send_partial(uint32_t group, const FrameHeader& header, std::shared_ptr<Slab> slab,
                     size_t byte_offset, std::chrono::steady_clock::time_point deadline,
-                    SendDone done) override;
+                    std::function<bool()> current, SendDone done) override;
   void send_control(uint32_t group, std::shared_ptr<const wire::Control> message) override;
   std::optional<Status> lost(uint32_t group) const override;
   std::string describe(uint32_t group) const override;
