@@ -396,7 +396,7 @@ void Job::on_contribution_payload(const FrameHeader& h, PendingContribution& pen
   pending.reset();
   Status why;
   Chunk::Progress progress = chunk->add(role, std::move(slab), local_size_, butterfly_, why);
-  if (progress == Chunk::Progress::kWaiting && participants_.size() > 1) {
+  if (progress == Chunk::Progress::kWaiting && role == SlabRole::kReplay) {
     // A replay of an op every rank has: the ranks that sent theirs are
     // answered now; the others have let theirs go and send none.
     bool released;
@@ -498,9 +498,9 @@ void Job::on_received(uint32_t rank, uint64_t op_below, uint64_t released_below)
     std::lock_guard lock(mu_);
     if (rank >= received_.size()) return;
     message = note_mark_locked(rank, op_below);
-    if (released_below > job_released_ && participants_.size() > 1) {
-      // Found by another shard's reducers, while this one's count waits
-      // for a lost replica's group.
+    if (released_below > job_released_) {
+      // Found by another shard's reducers (while this one's count waits
+      // for a lost replica's group, or its ranks are still reporting).
       job_released_ = released_below;
       if (job_marks_known_) {
         auto control = std::make_shared<wire::Control>();
@@ -560,7 +560,6 @@ void Job::end_released_ops() {
   std::vector<std::shared_ptr<Chunk>> ended;
   {
     std::lock_guard lock(mu_);
-    if (participants_.size() == 1) return;
     early_.erase(early_.begin(), early_.lower_bound({job_released_, 0}));
     for (auto it = chunks_.begin(); it != chunks_.end() && it->first.first < job_released_; ++it) {
       ended.push_back(it->second);

@@ -19,9 +19,11 @@ namespace {
 using namespace std::chrono_literals;
 
 // A pool of 2 shards x 3 groups and 6 workers (groups {0,1}, {2,3}, {4,5}).
-// Killing the reducer of shard 1 in group 2 fails every worker of every
-// group within the deadline: group 2's workers lose their stream to it, the
-// others hear from their own reducers that the replica was lost.
+// Killing the reducer of shard 1 in group 2 for good fails every worker of
+// every group within the deadline: group 2's workers lose their stream to
+// it and it does not come back; the other replicas of shard 1 wait for it
+// until the op times out, and name it (protocol.md, "Resuming with replica
+// groups").
 void killed_replica_fails_every_worker_of_every_group(const std::string& transport) {
   PoolSpec spec;
   spec.transport = transport;

@@ -412,16 +412,41 @@ struct Pool {
     jobs[group_of(r)]->on_contribution_payload(h, p);
   }
 
-  // Delivers the oldest queued partial; false when none is queued.
-  bool deliver_one() {
+  // Rank r replays a result of the chunk: `value(i)` at element i.
+  void replay(uint32_t r, const std::function<float(size_t)>& value) {
+    FrameHeader h;
+    h.kind = FrameKind::kReplay;
+    h.dtype = DType::kFloat32;
+    h.rank = r;
+    h.job = job_id("groups-job");
+    h.count = count;
+    h.chunks_on_shard = 1;
+    h.length = count * 4;
+    PendingContribution p;
+    auto action = jobs[group_of(r)]->on_contribution_header(members[r], h, p);
+    ASSERT_EQ(action.kind, PayloadAction::Kind::kReceive);
+    auto* f = reinterpret_cast<float*>(action.dst.data());
+    for (size_t i = 0; i < count; ++i) f[i] = value(i);
+    jobs[group_of(r)]->on_contribution_payload(h, p);
+  }
+
+  // Delivers the oldest queued partial, sent in round `round`; false when
+  // none is queued. A partial its receiver does not take is dropped
+  // (counted in `discarded`).
+  bool deliver_one(uint64_t round = 0) {
     if (wire.empty()) return false;
     QueuedPartial q = std::move(wire.front());
     wire.erase(wire.begin());
     PendingPartial pending;
-    auto action = jobs[q.to]->on_partial_header(q.from, q.header, pending, [] {});
-    EXPECT_EQ(action.kind, PayloadAction::Kind::kReceive);
-    std::memcpy(action.dst.data(), q.slab->data() + q.offset, q.header.length);
-    jobs[q.to]->on_partial_payload(q.header, pending);
+    auto action = jobs[q.to]->on_partial_header(
+        q.from, q.header, pending, [] {}, round);
+    if (action.kind == PayloadAction::Kind::kReceive) {
+      std::memcpy(action.dst.data(), q.slab->data() + q.offset, q.header.length);
+      jobs[q.to]->on_partial_payload(q.header, pending);
+    } else {
+      EXPECT_EQ(action.kind, PayloadAction::Kind::kDiscard);
+      ++discarded;
+    }
     q.done(Status::ok());
     return true;
   }
@@ -433,6 +458,7 @@ struct Pool {
   std::vector<std::shared_ptr<QueueMesh>> meshes;
   std::vector<std::shared_ptr<Job>> jobs;
   std::vector<std::shared_ptr<RecordingMember>> members;
+  size_t discarded = 0;
 };
 
 void expect_same_result_everywhere(Pool& pool) {
@@ -507,6 +533,94 @@ TEST(ReplicaGroups, OpFailureIsForwardedToTheOtherReplicas) {
   PendingContribution p;
   EXPECT_EQ(pool.jobs[2]->on_contribution_header(pool.members[4], h, p).kind,
             PayloadAction::Kind::kDiscard);
+}
+
+// After a restart (docs/protocol.md, "Resuming with replica groups"): the
+// ranks of group 0 replay a result they had, the other groups' ranks send
+// their inputs again. Group 0 sends the result to the other replicas as a
+// final, which stands for the butterfly there: every rank of every group
+// gets exactly the replayed bytes, not a new sum of the inputs.
+TEST(ReplicaGroups, AReplayedResultReachesTheOtherGroupsAsTheFinal) {
+  Pool pool(100);
+  auto replayed = [](size_t i) { return 7.0f + static_cast<float>(i) / 3.0f; };
+  pool.replay(0, replayed);
+  pool.replay(1, replayed);
+  for (uint32_t r : {2u, 3u, 4u}) pool.contribute(r);
+  size_t finals = 0;
+  for (auto& q : pool.wire) finals += (q.header.flags & kFrameFlagFinal) != 0;
+  EXPECT_EQ(finals, 2u);  // to groups 1 and 2
+  while (pool.deliver_one()) {
+  }
+  for (auto& m : pool.members) {
+    ASSERT_EQ(m->results.size(), 1u) << "rank " << m->rank();
+    for (size_t i = 0; i < pool.count; ++i) {
+      ASSERT_EQ(m->results[0].values[i], replayed(i)) << "rank " << m->rank() << " element " << i;
+    }
+  }
+  // The other groups' butterfly partials, sent before their final came,
+  // found group 0's chunk finished and were dropped.
+  EXPECT_GT(pool.discarded, 0u);
+}
+
+// A replica that is back after a loss starts a new round: each replica
+// drops what it had summed and asks its workers to rejoin, a partial of the
+// earlier round is dropped, and the ranks' second contributions on their
+// new streams make one sum again.
+TEST(ReplicaGroups, ANewRoundDropsTheOpsInFlightAndAsksEveryWorkerToRejoin) {
+  Pool pool(100);
+  for (uint32_t r : {0u, 1u, 2u, 3u}) pool.contribute(r);
+  // Group 0 and 1's partials of round 0 are queued; group 2 was lost before
+  // it sent anything and is back: group 0 starts round 1.
+  std::vector<QueuedPartial> round0 = std::move(pool.wire);
+  pool.wire.clear();
+  pool.jobs[0]->on_replica_back(2);
+  EXPECT_EQ(pool.jobs[0]->round(), 1u);
+  for (uint32_t r : {0u, 1u}) {
+    ASSERT_FALSE(pool.members[r]->errors.empty());
+    const wire::Control& last = pool.members[r]->errors.back();
+    ASSERT_TRUE(last.has_rejoin()) << last.DebugString();
+    EXPECT_NE(last.rejoin().reason().find("replica group 2 is back"), std::string::npos)
+        << last.rejoin().reason();
+  }
+  // It announced round 1 to the others, which start it too.
+  size_t announced = 0;
+  for (auto& [group, message] : pool.meshes[0]->controls) {
+    if (!message.has_replica_job()) continue;
+    EXPECT_EQ(message.replica_job().round(), 1u);
+    pool.jobs[group]->on_replica_round(0, 1, std::nullopt);
+    ++announced;
+  }
+  EXPECT_EQ(announced, 2u);
+  for (uint32_t g : {1u, 2u}) EXPECT_EQ(pool.jobs[g]->round(), 1u);
+  // Round 0's partials are dropped wherever they arrive.
+  pool.wire = std::move(round0);
+  const size_t stale = pool.wire.size();
+  while (pool.deliver_one(0)) {
+  }
+  EXPECT_EQ(pool.discarded, stale);
+  // A contribution still arriving on a stream asked to rejoin is dropped.
+  FrameHeader h;
+  h.kind = FrameKind::kContribution;
+  h.dtype = DType::kFloat32;
+  h.rank = 4;
+  h.job = job_id("groups-job");
+  h.count = 100;
+  h.chunks_on_shard = 1;
+  h.length = 400;
+  PendingContribution p;
+  EXPECT_EQ(pool.jobs[2]->on_contribution_header(pool.members[4], h, p).kind,
+            PayloadAction::Kind::kDiscard);
+  // Every rank rejoins on a new stream and contributes again.
+  for (uint32_t r = 0; r < 5; ++r) {
+    pool.members[r] = std::make_shared<RecordingMember>(r);
+    ASSERT_TRUE(pool.jobs[Pool::group_of(r)]->join(pool.members[r]).is_ok());
+  }
+  for (uint32_t r = 0; r < 5; ++r) pool.contribute(r);
+  pool.discarded = 0;
+  while (pool.deliver_one(1)) {
+  }
+  EXPECT_EQ(pool.discarded, 0u);
+  expect_same_result_everywhere(pool);
 }
 
 TEST(ReplicaGroups, QuotaCoversThePartials) {

@@ -104,7 +104,9 @@ struct ClientOptions {
   // of the results of finished ops until every rank has them, up to this
   // many bytes (past it, ops go uncopied, and a restart then fails them).
   // 0: no resuming; a lost reducer fails every op in flight at once.
-  // Pools with replica groups do not resume. TALLY_RESUME_BYTES.
+  // With replica groups, the whole shard starts its ops in flight again
+  // once the lost reducer is back ("Resuming with replica groups").
+  // TALLY_RESUME_BYTES.
   uint64_t resume_bytes = uint64_t{256} << 20;
 };
 
