@@ -182,7 +182,6 @@ void ShardLink::on_closed(const Status& status) {
       spdlog::log(rejoining_ ? spdlog::level::info : spdlog::level::warn,
                   "job '{}' rank {}: {}; reconnecting for up to {} ms", client_.options.job,
                   client_.options.rank, why.to_string(), client_.options.op_timeout.count());
-      rejoining_ = false;
       client_.on_link_lost(shard_);
       return retry();
     case Phase::kResuming:
@@ -198,7 +197,11 @@ void ShardLink::on_closed(const Status& status) {
 }
 
 bool ShardLink::resumable(const Status& why) const {
-  if (closing_ || client_.options.resume_bytes == 0) return false;
+  if (closing_) return false;
+  // A live reducer asked: it starts the ops in flight again, which needs
+  // no kept result for the chunks no rank has a result of.
+  if (rejoining_) return true;
+  if (client_.options.resume_bytes == 0) return false;
   // A reducer's refusal stops it, unless it is the stale state a reducer
   // holds until it has seen the old stream end, or a reducer shutting down.
   if (!fatal_) return true;
@@ -370,6 +373,7 @@ void ShardLink::settle(const Status& s) {
   phase_ = Phase::kLive;
   closed_ = false;
   lost_.reset();
+  rejoining_ = false;
   client_.on_link_resumed(shard_);
 }
 

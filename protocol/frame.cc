@@ -17,7 +17,7 @@ struct WireHeader {
   be::little_uint8_buf_t kind;
   be::little_uint8_buf_t dtype;
   be::little_uint8_buf_t redop;
-  be::little_uint8_buf_t reserved0;
+  be::little_uint8_buf_t round;
   be::little_uint16_buf_t flags;
   be::little_uint32_buf_t rank;
   be::little_uint64_buf_t job;
@@ -57,7 +57,7 @@ EncodedHeader encode_header(const FrameHeader& h) {
   w.kind = static_cast<uint8_t>(h.kind);
   w.dtype = static_cast<uint8_t>(h.dtype);
   w.redop = static_cast<uint8_t>(h.redop);
-  w.reserved0 = 0;
+  w.round = h.round;
   w.flags = h.flags;
   w.rank = h.rank;
   w.job = h.job;
@@ -88,7 +88,9 @@ Result<FrameHeader> decode_header(std::span<const std::byte, kFrameHeaderBytes> 
                   "peer speaks protocol version " + std::to_string(w.version.value()) +
                       ", this build speaks " + std::to_string(kProtocolVersion));
   }
-  if (w.reserved0.value() != 0) return protocol_error("reserved header field is not zero");
+  if (w.round.value() != 0 && w.kind.value() != static_cast<uint8_t>(FrameKind::kPartial)) {
+    return protocol_error("round field set on a frame that is not a partial");
+  }
   if ((w.flags.value() & ~(kFrameFlagAccumulators | kFrameFlagWideResult | kFrameFlagFinal)) != 0) {
     return protocol_error("unknown header flags 0x" + std::to_string(w.flags.value()));
   }
@@ -105,6 +107,7 @@ Result<FrameHeader> decode_header(std::span<const std::byte, kFrameHeaderBytes> 
   h.chunks_on_shard = w.chunks_on_shard.value();
   h.length = w.length.value();
   h.flags = w.flags.value();
+  h.round = w.round.value();
 
   if (h.kind == FrameKind::kControl) {
     if (h.flags != 0) return protocol_error("flags on a control frame");

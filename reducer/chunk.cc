@@ -38,11 +38,12 @@ FrameHeader final_header(const FrameHeader& m) {
 }
 
 Chunk::Chunk(const FrameHeader& first, Clock::time_point created, Clock::time_point deadline,
-             uint32_t world_size, std::vector<ButterflyStep> steps)
+             uint32_t world_size, std::vector<ButterflyStep> steps, uint64_t round)
     : meta_(first),
       created_(created),
       deadline_(deadline),
       steps_(std::move(steps)),
+      round_(static_cast<uint8_t>(round)),
       seen_(world_size, false),
       contributors_(world_size, nullptr),
       arrived_(steps_.size()) {}
@@ -70,6 +71,9 @@ Chunk::Progress Chunk::add(SlabRole role, std::shared_ptr<Slab> slab, uint32_t l
                            const ButterflyContext& context, Status& why) {
   std::lock_guard lock(mu_);
   if (failed_) return Progress::kWaiting;
+  // Ended before this payload came (end_released): its rank was answered
+  // with the rest, and its result may have been taken.
+  if (done_reported_) return Progress::kWaiting;
   const DType dtype = meta_.dtype;
   const size_t nbytes = meta_.length;
   if (role == SlabRole::kReplay) {
@@ -198,6 +202,7 @@ std::shared_ptr<Slab> Chunk::final_to_send(FrameHeader& header) {
   if (failed_ || !replay_ || !replay_accepted_ || final_sent_ || steps_.empty()) return nullptr;
   final_sent_ = true;
   header = final_header(meta_);
+  header.round = round_;
   return replay_;
 }
 
@@ -233,9 +238,9 @@ Chunk::Progress Chunk::on_sent(const Status& status, const ButterflyContext& con
     return Progress::kFailed;
   }
   if (!status.is_ok()) {
-    // The stream to the replica broke under the send: the loss starts a
-    // new round of the job, which drops this chunk (Job::on_replica_lost),
-    // or the op times out naming the replica.
+    // The replica was lost (the send was dropped, or its stream broke
+    // under it): its return starts a new round of the job, which drops
+    // this chunk (Job::on_replica_back), or the op times out naming it.
     return Progress::kWaiting;
   }
   return local_done_ ? advance_locked(context, why) : Progress::kWaiting;
@@ -268,10 +273,11 @@ Chunk::Progress Chunk::advance_locked(const ButterflyContext& context, Status& w
     if (!step_sent_) {
       step_sent_ = true;
       if (!s.send.empty()) {
-        // A lost replica may be restarted: the send waits for it until the
-        // op's deadline (the sweep names it if it is not back by then).
+        // A send to a lost replica is dropped (ReplicaLink::send): the
+        // chunk waits for the round its return starts, or times out.
         FrameHeader h = meta_;
         h.kind = FrameKind::kPartial;
+        h.round = round_;
         h.rank = s.tag;
         h.flags = partial_flags(meta_);
         h.offset = meta_.offset + s.send.begin * esize;

@@ -107,6 +107,7 @@ Status Job::join(const std::shared_ptr<JobMember>& member) {
                       " cannot join it (check TALLY_GROUP_SIZES)");
   }
   members_[rank] = member;
+  rejoining_.erase(rank);
   if (joined_.insert(rank).second) not_above_released_ = -1;
   departed_.erase(rank);
   if (received_[rank] == std::numeric_limits<uint64_t>::max()) {
@@ -280,7 +281,7 @@ PayloadAction Job::on_contribution_header(const std::shared_ptr<JobMember>& memb
     }
     const auto now = Clock::now();
     chunk = std::make_shared<Chunk>(h, now, now + settings_.op_timeout, settings_.world_size,
-                                    std::move(steps));
+                                    std::move(steps), round_);
     chunks_.emplace(key, chunk);
     if (auto [progress, added] = op_progress_.try_emplace(h.op); added) {
       progress->second.began = now;
@@ -609,7 +610,7 @@ std::string Job::history_of(const std::vector<uint32_t>& ranks) const {
 bool Job::empty() const {
   std::lock_guard lock(mu_);
   return std::none_of(members_.begin(), members_.end(), [](auto& m) { return m != nullptr; }) &&
-         Clock::now() >= rejoin_until_;
+         (rejoining_.empty() || Clock::now() >= rejoin_until_);
 }
 
 std::map<uint32_t, std::string> Job::departures() const {

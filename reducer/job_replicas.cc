@@ -90,6 +90,7 @@ void Job::start_round_locked(uint64_t round, const std::string& why) {
   for (auto& m : members_) {
     if (!m) continue;
     m->send_control(rejoin);
+    rejoining_.insert(m->rank());
     m = nullptr;
     ++asked;
   }
@@ -154,8 +155,7 @@ void Job::on_replica_mark(uint32_t group, uint64_t mark) {
 }
 
 PayloadAction Job::on_partial_header(uint32_t from_group, const FrameHeader& h,
-                                     PendingPartial& pending, std::function<void()> wake,
-                                     uint64_t round) {
+                                     PendingPartial& pending, std::function<void()> wake) {
   std::lock_guard lock(mu_);
   if (std::find(participants_.begin(), participants_.end(), from_group) == participants_.end() ||
       from_group == settings_.group) {
@@ -170,7 +170,21 @@ PayloadAction Job::on_partial_header(uint32_t from_group, const FrameHeader& h,
             name(), job_gone_here(settings_.shard, settings_.group, name(), retired_why_), h.op));
     return PayloadAction::discard();
   }
-  if (round < round_ || stale_partial_locked(h)) return PayloadAction::discard();
+  // Rounds differ by far less than 128 between two replicas: the header's
+  // 8 bits tell earlier from later (partials travel apart from the
+  // ReplicaJob that announced their round on the fabric data path).
+  const int8_t ahead = static_cast<int8_t>(h.round - static_cast<uint8_t>(round_));
+  if (ahead < 0) return PayloadAction::discard();
+  if (ahead > 0) {
+    const uint64_t round = round_ + static_cast<uint64_t>(ahead);
+    if (lost_ || retired_) {
+      round_ = round;
+    } else {
+      start_round_locked(round, mesh_->describe(from_group) + " sent a partial of round " +
+                                    std::to_string(round) + " of the job");
+    }
+  }
+  if (stale_partial_locked(h)) return PayloadAction::discard();
   if (auto failed = failed_ops_.find(h.op); failed != failed_ops_.end()) {
     // It may not have heard of the failure yet.
     mesh_->send_control(from_group, replica_error_message(name(), failed->second->error()));
@@ -193,7 +207,7 @@ bool Job::stale_partial_locked(const FrameHeader& h) const {
   // mark, so their chunks here are finished: a partial for one was sent by
   // a replica that had not heard of a final result yet, and a final came
   // from a second replica with a replay.
-  return h.op < released_ || finished_finals_.count({h.op, h.chunk}) > 0;
+  return h.op < std::max(released_, job_released_) || finished_finals_.count({h.op, h.chunk}) > 0;
 }
 
 void Job::on_partial_payload(const FrameHeader& h, PendingPartial& pending) {

@@ -151,6 +151,7 @@ void ReplicaLink::on_connected(Result<asio::ip::tcp::socket> r) {
   h->set_shard_count(options_.shard_count);
   h->set_group(options_.group);
   h->set_group_count(options_.group_count);
+  h->set_incarnation(owner_->incarnation());
   dialler_nonce_.clear();
   acceptor_nonce_.clear();
   if (!options_.pool_secret.empty()) {

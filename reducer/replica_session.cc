@@ -115,7 +115,10 @@ void ReplicaSession::accept(const wire::ReplicaHello& hello) {
   const std::string& t = hello.data_path().transport();
   spdlog::info("inbound stream of replica group {} from {}: data path {}", *group_, peer_,
                t.empty() ? "tcp" : t);
-  context_->replicas->stream_up(*group_, StreamDirection::kInbound);
+  // 0: a dialler that says none (a raw stream): nothing to compare.
+  context_->replicas->stream_up(
+      *group_, StreamDirection::kInbound,
+      hello.incarnation() != 0 ? std::optional<uint64_t>(hello.incarnation()) : std::nullopt);
 }
 
 void ReplicaSession::on_control(const wire::Control& message) {
@@ -129,10 +132,10 @@ void ReplicaSession::on_control(const wire::Control& message) {
       spdlog::warn("job '{}' from replica group {}: {}", rj.job(), *group_,
                    job.status().to_string());
       answer(replica_error_message(rj.job(), job.status()));
-      jobs_[job_id(rj.job())] = {rj.job(), {}, rj.round()};
+      jobs_[job_id(rj.job())] = {rj.job(), {}};
       return;
     }
-    jobs_[(*job)->id()] = {rj.job(), *job, rj.round()};
+    jobs_[(*job)->id()] = {rj.job(), *job};
     (*job)->on_replica_round(*group_, rj.round(),
                              rj.has_mark() ? std::optional<uint64_t>(rj.mark()) : std::nullopt);
     return;
@@ -185,14 +188,11 @@ PayloadAction ReplicaSession::on_data_header(const FrameHeader& h) {
     return PayloadAction::discard();
   }
   std::weak_ptr<ReplicaSession> weak = shared_from_this();
-  return partial_job_->on_partial_header(
-      *group_, h, partial_,
-      [weak] {
-        auto self = weak.lock();
-        if (!self || self->context_->stopped) return;
-        boost::asio::post(self->conn_->executor(), [self] { self->conn_->resume(); });
-      },
-      it->second.round);
+  return partial_job_->on_partial_header(*group_, h, partial_, [weak] {
+    auto self = weak.lock();
+    if (!self || self->context_->stopped) return;
+    boost::asio::post(self->conn_->executor(), [self] { self->conn_->resume(); });
+  });
 }
 
 void ReplicaSession::on_data(const FrameHeader& h, std::span<std::byte>) {

@@ -1,9 +1,13 @@
 #include "tally/reducer/replicas.h"
 
+#include <spdlog/spdlog.h>
+
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
 #include "tally.pb.h"
+#include "tally/protocol/auth.h"
 #include "tally/protocol/pool.h"
 #include "tally/reducer/replica_link.h"
 
@@ -33,8 +37,22 @@ Result<std::vector<HostPort>> read_pool_list(const ReducerOptions& o) {
   return out;
 }
 
+namespace {
+
+uint64_t random_incarnation() {
+  const std::string nonce = make_nonce();  // OpenSSL's RAND_bytes
+  uint64_t out = 0;
+  std::memcpy(&out, nonce.data(), std::min(nonce.size(), sizeof(out)));
+  return out;
+}
+
+}  // namespace
+
 Replicas::Replicas(ReducerOptions options, std::shared_ptr<Fabric> fabric)
-    : options_(std::move(options)), fabric_(std::move(fabric)), replicas_(options_.group_count) {}
+    : options_(std::move(options)),
+      fabric_(std::move(fabric)),
+      incarnation_(random_incarnation()),
+      replicas_(options_.group_count) {}
 
 Replicas::~Replicas() = default;
 
@@ -113,11 +131,22 @@ std::vector<std::shared_ptr<const wire::Control>> Replicas::announcements(uint32
                                   : std::vector<std::shared_ptr<const wire::Control>>{};
 }
 
-void Replicas::stream_up(uint32_t group, StreamDirection direction) {
+void Replicas::stream_up(uint32_t group, StreamDirection direction,
+                         std::optional<uint64_t> incarnation) {
   bool back = false;
   {
     std::lock_guard lock(mu_);
     Replica& r = replicas_.at(group);
+    if (incarnation) {
+      // Restarted while its old streams still look up here: as good as
+      // lost and back (once lost, its return says so below).
+      if (r.incarnation && *r.incarnation != *incarnation && !r.lost) {
+        spdlog::warn("{} was restarted (a new incarnation dialled in)",
+                     replica_name(options_.shard, group));
+        back = true;
+      }
+      r.incarnation = incarnation;
+    }
     if (direction == StreamDirection::kOutbound) {
       r.out_up = true;
     } else {

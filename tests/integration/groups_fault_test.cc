@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "harness.h"
+#include "raw_peer.h"
+#include "tally.pb.h"
 
 namespace tally::testing {
 namespace {
@@ -131,6 +133,47 @@ TEST(Fault, RestartedReplicaIsReconnected) {
       10s))
       << cluster.reducer_log(0);
   expect_allreduce_works(cluster, 4, "after-restart");
+}
+
+// A replica restarted while its old streams still look up here (a host
+// gone without a FIN) is known by the new incarnation in its ReplicaHello:
+// the job starts a new round on both replicas, its workers rejoin, and
+// every op completes, with the same bits in both groups. (Here a raw
+// stream stands for the new incarnation: this pool has no pool secret.)
+TEST(Fault, ANewIncarnationOfAReplicaStartsANewRound) {
+  PoolSpec spec;
+  spec.groups = 2;
+  TestCluster cluster(spec);
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  constexpr int kOps = 300;
+  WorkerGroup workers(cluster, "w", unique_job("incarnation"), 4, [](uint32_t) {
+    return Args{"--count", "9477", "--ops", std::to_string(kOps), "--pattern", "noisy"};
+  });
+  ASSERT_TRUE(eventually([&] { return contains(workers.stdout_of(0), "op 20 ok"); }, 30s))
+      << workers.stdout_of(0);
+  RawPeer stranger(cluster.addresses()[0]);
+  wire::Control hello = raw_replica_hello();
+  hello.mutable_replica_hello()->set_incarnation(0x5eed5eed5eed5eedULL);
+  stranger.send_control(hello);
+  ASSERT_TRUE(eventually(
+      [&] {
+        const std::string log = cluster.reducer_log(0);
+        return contains(log, "(shard 0, group 1) was restarted") && contains(log, "starts round 1");
+      },
+      10s))
+      << cluster.reducer_log(0);
+  std::string last_hash;
+  for (uint32_t r = 0; r < 4; ++r) {
+    auto out = workers.wait(r, 60s);
+    EXPECT_EQ(out.exit_code, 0) << "rank " << r << ":\n" << out.out;
+    const std::string last = "op " + std::to_string(kOps - 1) + " ok hash ";
+    const size_t at = out.out.find(last);
+    ASSERT_NE(at, std::string::npos) << "rank " << r << ":\n" << out.out;
+    const std::string hash = out.out.substr(at + last.size(), 16);
+    if (r == 0) last_hash = hash;
+    EXPECT_EQ(hash, last_hash) << "rank " << r;
+  }
+  EXPECT_TRUE(contains(cluster.reducer_log(1), "starts round 1")) << cluster.reducer_log(1);
 }
 
 // A worker lost in one group fails the op on the workers of the other

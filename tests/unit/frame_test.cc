@@ -411,8 +411,8 @@ TEST(FrameDecode, RejectsAnyNonzeroReservedOrFlagBit) {
     for (int bit = 0; bit < 8; ++bit) {
       SCOPED_TRACE("byte " + std::to_string(offset) + " bit " + std::to_string(bit));
       for (FrameKind kind : kAllKinds) {
-        // The final-result bit is a partial's (below).
-        if (offset == 10 && bit == 2 && kind == FrameKind::kPartial) continue;
+        // The final-result bit and the round are a partial's (below).
+        if (kind == FrameKind::kPartial && ((offset == 10 && bit == 2) || offset == 9)) continue;
         FrameHeader h = valid_data_header();
         h.kind = kind;
         EncodedHeader b = encode_header(h);
@@ -511,6 +511,23 @@ TEST(FrameDecode, FinalFlagMarksAPartialThatCarriesAChunksResult) {
   for (FrameKind kind :
        {FrameKind::kContribution, FrameKind::kResult, FrameKind::kReplay, FrameKind::kControl}) {
     FrameHeader other = final_f32;
+    other.kind = kind;
+    expect_rejected(encode_header(other), ErrorCode::kProtocol);
+  }
+}
+
+TEST(FrameDecode, APartialCarriesItsRoundAndNoOtherKindDoes) {
+  FrameHeader partial = valid_data_header(DType::kFloat32);
+  partial.kind = FrameKind::kPartial;
+  partial.round = 0xAB;
+  EncodedHeader b = encode_header(partial);
+  EXPECT_EQ(get_le(b, 9, 1), 0xABu);
+  auto r = decode(b);
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_EQ(r->round, 0xAB);
+  for (FrameKind kind :
+       {FrameKind::kContribution, FrameKind::kResult, FrameKind::kReplay, FrameKind::kControl}) {
+    FrameHeader other = partial;
     other.kind = kind;
     expect_rejected(encode_header(other), ErrorCode::kProtocol);
   }

@@ -430,16 +430,14 @@ struct Pool {
     jobs[group_of(r)]->on_contribution_payload(h, p);
   }
 
-  // Delivers the oldest queued partial, sent in round `round`; false when
-  // none is queued. A partial its receiver does not take is dropped
-  // (counted in `discarded`).
-  bool deliver_one(uint64_t round = 0) {
+  // Delivers the oldest queued partial; false when none is queued. A
+  // partial its receiver does not take is dropped (counted in `discarded`).
+  bool deliver_one() {
     if (wire.empty()) return false;
     QueuedPartial q = std::move(wire.front());
     wire.erase(wire.begin());
     PendingPartial pending;
-    auto action = jobs[q.to]->on_partial_header(
-        q.from, q.header, pending, [] {}, round);
+    auto action = jobs[q.to]->on_partial_header(q.from, q.header, pending, [] {});
     if (action.kind == PayloadAction::Kind::kReceive) {
       std::memcpy(action.dst.data(), q.slab->data() + q.offset, q.header.length);
       jobs[q.to]->on_partial_payload(q.header, pending);
@@ -595,7 +593,7 @@ TEST(ReplicaGroups, ANewRoundDropsTheOpsInFlightAndAsksEveryWorkerToRejoin) {
   // Round 0's partials are dropped wherever they arrive.
   pool.wire = std::move(round0);
   const size_t stale = pool.wire.size();
-  while (pool.deliver_one(0)) {
+  while (pool.deliver_one()) {
   }
   EXPECT_EQ(pool.discarded, stale);
   // A contribution still arriving on a stream asked to rejoin is dropped.
@@ -617,7 +615,7 @@ TEST(ReplicaGroups, ANewRoundDropsTheOpsInFlightAndAsksEveryWorkerToRejoin) {
   }
   for (uint32_t r = 0; r < 5; ++r) pool.contribute(r);
   pool.discarded = 0;
-  while (pool.deliver_one(1)) {
+  while (pool.deliver_one()) {
   }
   EXPECT_EQ(pool.discarded, 0u);
   expect_same_result_everywhere(pool);

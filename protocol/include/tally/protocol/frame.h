@@ -8,7 +8,9 @@
 //   6     1    kind     FrameKind
 //   7     1    dtype    DType of the payload elements (data frames)
 //   8     1    redop    RedOp of the op (data frames)
-//   9     1    reserved must be 0
+//   9     1    round    partials: the sender's round of the job mod 256
+//                       (protocol.md, "Resuming with replica groups"); 0
+//                       on every other kind
 //  10     2    flags    kFrameFlag* bits; unknown bits are a protocol error
 //  12     4    rank     sender's rank (contributions); 0xFFFFFFFF (results);
 //                       the butterfly exchange tag (partials, butterfly.h)
@@ -89,6 +91,7 @@ struct FrameHeader {
   uint32_t chunks_on_shard = 0;  // see the table above
   uint64_t length = 0;
   uint16_t flags = 0;  // kFrameFlag* bits
+  uint8_t round = 0;   // partials only: the sender's round of the job, mod 256
 };
 
 using EncodedHeader = std::array<std::byte, kFrameHeaderBytes>;

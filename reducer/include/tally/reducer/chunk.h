@@ -69,8 +69,9 @@ class Chunk : public std::enable_shared_from_this<Chunk> {
 
   // `first` is the first rank's header: what every other rank must match.
   // `steps` is this replica's butterfly schedule (empty with one group).
+  // `round` is the job's round it belongs to, which its partials carry.
   Chunk(const FrameHeader& first, Clock::time_point created, Clock::time_point deadline,
-        uint32_t world_size, std::vector<ButterflyStep> steps);
+        uint32_t world_size, std::vector<ButterflyStep> steps, uint64_t round = 0);
 
   uint64_t op() const { return meta_.op; }
   uint32_t index() const { return meta_.chunk; }
@@ -156,6 +157,7 @@ class Chunk : public std::enable_shared_from_this<Chunk> {
   const Clock::time_point created_;
   const Clock::time_point deadline_;
   const std::vector<ButterflyStep> steps_;
+  const uint8_t round_;  // mod 256, as the header carries it
 
   mutable std::mutex mu_;
   std::shared_ptr<Slab> accumulator_;

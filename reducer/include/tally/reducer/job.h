@@ -204,12 +204,12 @@ class Job : public std::enable_shared_from_this<Job> {
   // `released_below` is the highest Released the rank has had from any
   // reducer: every rank has the results below it.
   void on_received(uint32_t rank, uint64_t op_below, uint64_t released_below = 0);
-  // A partial from the replica of `from_group`, sent in its `round` of the
-  // job: where its payload goes (nowhere for an earlier round than this
-  // one's). kPause after registering `wake` with the quota.
+  // A partial from the replica of `from_group`: where its payload goes
+  // (nowhere for an earlier round than this one's, header.round; a later
+  // round is started here first). kPause after registering `wake` with
+  // the quota.
   PayloadAction on_partial_header(uint32_t from_group, const FrameHeader& header,
-                                  PendingPartial& pending, std::function<void()> wake,
-                                  uint64_t round = 0);
+                                  PendingPartial& pending, std::function<void()> wake);
   void on_partial_payload(const FrameHeader& header, PendingPartial& pending);
   // Another replica failed an op (has_op) or the whole job; not forwarded.
   void on_replica_error(const wire::Error& error);
@@ -318,6 +318,7 @@ class Job : public std::enable_shared_from_this<Job> {
   // as empty.
   uint64_t round_ = 0;
   Clock::time_point rejoin_until_{};
+  std::set<uint32_t> rejoining_;  // ranks asked to rejoin, not back yet
   // Chunks of this round finished here with a final result (a replay's or
   // another replica's), at or above the group's least mark: a final for
   // one of them that arrives later is dropped, not kept waiting for it.

@@ -34,9 +34,10 @@ class ReplicaMesh {
   // Sends a partial frame whose payload is header.length bytes of `slab` at
   // `byte_offset`; `slab` is held until `done`, which runs once, later, on
   // some I/O thread (also when `deadline` passes before the replica is
-  // reachable). A send that waits for the replica to come back goes only if
-  // `current()` still holds then (its chunk was not dropped meanwhile);
-  // otherwise `done` gets kCancelled.
+  // first reachable, or at once while it is lost). A send that waits, for
+  // the first connection or behind other sends, goes only if `current()`
+  // still holds then (its chunk was not dropped meanwhile); otherwise
+  // `done` gets kCancelled.
   virtual void send_partial(uint32_t group, const FrameHeader& header, std::shared_ptr<Slab> slab,
                             size_t byte_offset, std::chrono::steady_clock::time_point deadline,
                             std::function<bool()> current, SendDone done) = 0;

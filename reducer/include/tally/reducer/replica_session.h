@@ -52,9 +52,6 @@ class ReplicaSession final : public FrameHandler,
   struct AnnouncedJob {
     std::string name;
     std::weak_ptr<Job> job;
-    // The replica's round of it, from its last ReplicaJob on this stream:
-    // what it sends after that belongs to that round.
-    uint64_t round = 0;
   };
   std::unordered_map<uint64_t, AnnouncedJob> jobs_;
   std::shared_ptr<Job> partial_job_;  // the job of the partial being read

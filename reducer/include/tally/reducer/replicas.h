@@ -74,13 +74,18 @@ class Replicas final : public ReplicaMesh, public std::enable_shared_from_this<R
   // The address of `group`'s replica, reading the pool list if needed.
   Result<HostPort> address_of(uint32_t group);
   // One stream to the replica of `group` is up, or went down for `why`.
-  void stream_up(uint32_t group, StreamDirection direction);
+  // An inbound stream comes with the replica's incarnation (ReplicaHello):
+  // a new one means it was restarted.
+  void stream_up(uint32_t group, StreamDirection direction,
+                 std::optional<uint64_t> incarnation = std::nullopt);
   void stream_down(uint32_t group, StreamDirection direction, const Status& why);
   std::vector<std::shared_ptr<const wire::Control>> announcements(uint32_t group) const;
   // Replicas of this shard with both streams up, and how many there are
   // (group count - 1), for /metrics and /readyz. Lock-free.
   size_t links_up() const { return links_up_.load(std::memory_order_relaxed); }
   size_t links_expected() const { return options_.group_count - 1; }
+  // This reducer's incarnation, for its ReplicaHellos.
+  uint64_t incarnation() const { return incarnation_; }
   // With --transport fabric: the outbound streams' data path; else null.
   const std::shared_ptr<Fabric>& fabric() const { return fabric_; }
 
@@ -93,10 +98,12 @@ class Replicas final : public ReplicaMesh, public std::enable_shared_from_this<R
     uint32_t in_up = 0;
     std::optional<Status> lost;
     std::string address;
+    std::optional<uint64_t> incarnation;  // from its last inbound stream
   };
 
   const ReducerOptions options_;
   const std::shared_ptr<Fabric> fabric_;
+  const uint64_t incarnation_;
   ReplicaCallbacks callbacks_;
   std::vector<std::shared_ptr<ReplicaLink>> links_;  // by group; null for our own
   // Recounts links_up_ after a stream came up or went down; mu_ held.
