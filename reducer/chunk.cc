@@ -101,9 +101,9 @@ Chunk::Progress Chunk::add(SlabRole role, std::shared_ptr<Slab> slab, uint32_t l
   return completed_locked(local_size, context, why);
 }
 
-bool Chunk::replay_accepted() const {
+bool Chunk::result_known() const {
   std::lock_guard lock(mu_);
-  return replay_accepted_;
+  return replay_accepted_ || replay_ != nullptr;
 }
 
 Chunk::Progress Chunk::skip(uint32_t rank, const JobMember* member, uint32_t local_size,

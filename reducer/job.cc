@@ -364,9 +364,9 @@ PayloadAction Job::on_contribution_header(const std::shared_ptr<JobMember>& memb
         ErrorCode::kProtocol, "rank " + std::to_string(h.rank) + " contributed twice to op " +
                                   std::to_string(h.op) + " chunk " + std::to_string(h.chunk)));
   }
-  if (!replay && chunk->replay_accepted()) {
-    // Another rank replayed the result: this payload is not needed, and
-    // takes no buffer.
+  if (chunk->result_known()) {
+    // Another rank replayed the result, or another replica sent it: this
+    // payload is not needed, and takes no buffer.
     Status why;
     const Chunk::Progress progress =
         chunk->skip(h.rank, member.get(), local_size_, butterfly_, why);
@@ -403,7 +403,7 @@ void Job::on_contribution_payload(const FrameHeader& h, PendingContribution& pen
     bool released;
     {
       std::lock_guard lock(mu_);
-      released = chunk->op() < job_released_;
+      released = chunk->op() < std::max(released_, job_released_);
     }
     if (released && chunk->end_released()) progress = Chunk::Progress::kDone;
   }
@@ -495,10 +495,13 @@ void Job::finish(const std::shared_ptr<Chunk>& chunk) {
 void Job::on_received(uint32_t rank, uint64_t op_below, uint64_t released_below) {
   std::shared_ptr<const wire::Control> message;
   std::vector<std::shared_ptr<JobMember>> members;
+  bool group_moved = false;
   {
     std::lock_guard lock(mu_);
     if (rank >= received_.size()) return;
+    const uint64_t group_before = released_;
     message = note_mark_locked(rank, op_below);
+    group_moved = released_ > group_before;
     if (released_below > job_released_) {
       // Found by another shard's reducers (while this one's count waits
       // for a lost replica's group, or its ranks are still reporting).
@@ -509,11 +512,10 @@ void Job::on_received(uint32_t rank, uint64_t op_below, uint64_t released_below)
         message = std::move(control);
       }
     }
-    if (!message) return;
-    members = members_locked();
+    if (message) members = members_locked();
   }
   for (auto& m : members) m->send_control(message);
-  end_released_ops();
+  if (message || group_moved) end_released_ops();
 }
 
 std::shared_ptr<const wire::Control> Job::note_mark_locked(uint32_t rank, uint64_t op_below) {
@@ -561,8 +563,13 @@ void Job::end_released_ops() {
   std::vector<std::shared_ptr<Chunk>> ended;
   {
     std::lock_guard lock(mu_);
-    early_.erase(early_.begin(), early_.lower_bound({job_released_, 0}));
-    for (auto it = chunks_.begin(); it != chunks_.end() && it->first.first < job_released_; ++it) {
+    // Below this group's own mark too: its ranks all have those results,
+    // so no partial of another replica is of use here, and a chunk here
+    // only waits for ranks that let theirs go (they resumed from a later
+    // mark than the rank that replayed).
+    const uint64_t below = std::max(released_, job_released_);
+    early_.erase(early_.begin(), early_.lower_bound({below, 0}));
+    for (auto it = chunks_.begin(); it != chunks_.end() && it->first.first < below; ++it) {
       ended.push_back(it->second);
     }
   }

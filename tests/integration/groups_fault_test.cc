@@ -147,7 +147,7 @@ TEST(Fault, ANewIncarnationOfAReplicaStartsANewRound) {
   ASSERT_TRUE(cluster.ok()) << cluster.error();
   constexpr int kOps = 300;
   WorkerGroup workers(cluster, "w", unique_job("incarnation"), 4, [](uint32_t) {
-    return Args{"--count", "9477", "--ops", std::to_string(kOps), "--pattern", "noisy"};
+    return Args{"--count", "1000", "--ops", std::to_string(kOps), "--pattern", "noisy"};
   });
   ASSERT_TRUE(eventually([&] { return contains(workers.stdout_of(0), "op 20 ok"); }, 30s))
       << workers.stdout_of(0);

@@ -424,6 +424,8 @@ struct Pool {
     h.length = count * 4;
     PendingContribution p;
     auto action = jobs[group_of(r)]->on_contribution_header(members[r], h, p);
+    // A second replay of a chunk whose result is known is counted unread.
+    if (action.kind == PayloadAction::Kind::kDiscard) return;
     ASSERT_EQ(action.kind, PayloadAction::Kind::kReceive);
     auto* f = reinterpret_cast<float*>(action.dst.data());
     for (size_t i = 0; i < count; ++i) f[i] = value(i);

@@ -85,9 +85,10 @@ class Chunk : public std::enable_shared_from_this<Chunk> {
   // compared, never dereferenced.
   SlabRole accept(uint32_t rank, const JobMember* member, std::shared_ptr<Slab> slab,
                   bool replay = false);
-  // Whether a rank's replay has been accepted: the chunk's result is then
-  // known, and contributions are counted without their payload (skip).
-  bool replay_accepted() const;
+  // Whether the chunk's result is known (a rank's replay was accepted, or
+  // another replica's final taken): later payloads are counted without
+  // being read (skip).
+  bool result_known() const;
   // Counts `rank` as contributed without its payload (after a replay).
   Progress skip(uint32_t rank, const JobMember* member, uint32_t local_size,
                 const ButterflyContext& context, Status& why);

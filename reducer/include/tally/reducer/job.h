@@ -272,10 +272,10 @@ class Job : public std::enable_shared_from_this<Job> {
   // (over this group's ranks and the other replicas' groups) has moved;
   // null otherwise; mu_ held.
   std::shared_ptr<const wire::Control> released_locked(bool announce);
-  // With replica groups, after the job's least mark moved: ends what this
-  // reducer holds of the ops below it, which every rank has the results of
-  // (a replica or a rank that resumed with an older mark sent them again).
-  // No lock held.
+  // After the job's least mark or this group's moved: ends what this
+  // reducer holds of the ops below them, whose results this group's ranks
+  // all have (a replica, or a rank that resumed from an older mark, sent
+  // them again). No lock held.
   void end_released_ops();
   // leave() under mu_: whether the job's least mark moved.
   bool leave_locked(const JobMember* member, const Status& why, Departure how);
