@@ -394,16 +394,22 @@ struct Pool {
   }
   static uint32_t group_of(uint32_t r) { return r < 2 ? 0 : r < 4 ? 1 : 2; }
 
-  // Rank r contributes 1/(r + 3 + i) (not exact in binary: order matters).
-  void contribute(uint32_t r) {
+  // Rank r's frame of the op's one chunk.
+  FrameHeader header(uint32_t r, FrameKind kind = FrameKind::kContribution) const {
     FrameHeader h;
-    h.kind = FrameKind::kContribution;
+    h.kind = kind;
     h.dtype = DType::kFloat32;
     h.rank = r;
     h.job = job_id("groups-job");
     h.count = count;
     h.chunks_on_shard = 1;
     h.length = count * 4;
+    return h;
+  }
+
+  // Rank r contributes 1/(r + 3 + i) (not exact in binary: order matters).
+  void contribute(uint32_t r) {
+    const FrameHeader h = header(r);
     PendingContribution p;
     auto action = jobs[group_of(r)]->on_contribution_header(members[r], h, p);
     ASSERT_EQ(action.kind, PayloadAction::Kind::kReceive);
@@ -414,14 +420,7 @@ struct Pool {
 
   // Rank r replays a result of the chunk: `value(i)` at element i.
   void replay(uint32_t r, const std::function<float(size_t)>& value) {
-    FrameHeader h;
-    h.kind = FrameKind::kReplay;
-    h.dtype = DType::kFloat32;
-    h.rank = r;
-    h.job = job_id("groups-job");
-    h.count = count;
-    h.chunks_on_shard = 1;
-    h.length = count * 4;
+    const FrameHeader h = header(r, FrameKind::kReplay);
     PendingContribution p;
     auto action = jobs[group_of(r)]->on_contribution_header(members[r], h, p);
     // A second replay of a chunk whose result is known is counted unread.
@@ -522,16 +521,8 @@ TEST(ReplicaGroups, OpFailureIsForwardedToTheOtherReplicas) {
     ASSERT_FALSE(pool.members[r]->errors.empty()) << "rank " << r;
     EXPECT_NE(pool.members[r]->errors[0].error().message().find("rank 1"), std::string::npos);
   }
-  FrameHeader h;
-  h.kind = FrameKind::kContribution;
-  h.dtype = DType::kFloat32;
-  h.rank = 4;
-  h.job = job_id("groups-job");
-  h.count = 100;
-  h.chunks_on_shard = 1;
-  h.length = 400;
   PendingContribution p;
-  EXPECT_EQ(pool.jobs[2]->on_contribution_header(pool.members[4], h, p).kind,
+  EXPECT_EQ(pool.jobs[2]->on_contribution_header(pool.members[4], pool.header(4), p).kind,
             PayloadAction::Kind::kDiscard);
 }
 
@@ -599,16 +590,8 @@ TEST(ReplicaGroups, ANewRoundDropsTheOpsInFlightAndAsksEveryWorkerToRejoin) {
   }
   EXPECT_EQ(pool.discarded, stale);
   // A contribution still arriving on a stream asked to rejoin is dropped.
-  FrameHeader h;
-  h.kind = FrameKind::kContribution;
-  h.dtype = DType::kFloat32;
-  h.rank = 4;
-  h.job = job_id("groups-job");
-  h.count = 100;
-  h.chunks_on_shard = 1;
-  h.length = 400;
   PendingContribution p;
-  EXPECT_EQ(pool.jobs[2]->on_contribution_header(pool.members[4], h, p).kind,
+  EXPECT_EQ(pool.jobs[2]->on_contribution_header(pool.members[4], pool.header(4), p).kind,
             PayloadAction::Kind::kDiscard);
   // Every rank rejoins on a new stream and contributes again.
   for (uint32_t r = 0; r < 5; ++r) {
