@@ -342,13 +342,13 @@ Chunk::Waiting Chunk::waiting(const std::vector<uint32_t>& participants) const {
   return out;
 }
 
-std::shared_ptr<Slab> Chunk::take_result() {
+Chunk::Result Chunk::take_result() {
   std::lock_guard lock(mu_);
   if (replay_) {
     accumulator_.reset();
-    return std::move(replay_);
+    return {std::move(replay_), true};
   }
-  return std::move(accumulator_);
+  return {std::move(accumulator_), false};
 }
 
 bool Chunk::replayed() const {

@@ -463,24 +463,23 @@ void Job::finish(const std::shared_ptr<Chunk>& chunk) {
     }
   }
   // No other thread touches a chunk after it left the map and all payloads are in.
-  std::shared_ptr<Slab> result = chunk->take_result();
-  const bool replayed = chunk->replayed();
+  auto [result, replayed] = chunk->take_result();
   FrameHeader out = chunk->meta();
   const size_t count = out.length / dtype_size(out.dtype);
-  if (replayed) {
-    // A reducer's finished result, averaged and rounded already.
-  } else if (out.redop == RedOp::kAverage) {
-    scale_average(out.dtype, result->data(), count * dtype_size(accumulator_dtype(out.dtype)),
-                  settings_.world_size);
+  // The float32 sums are sent as they are where they were asked for (16-bit
+  // ops only: decode_header), else narrowed to the op's dtype. A replayed
+  // result is either already (Chunk::Result): finishing it again would
+  // average it twice.
+  const bool wide = out.flags & kFrameFlagWideResult;
+  if (!replayed) {
+    if (out.redop == RedOp::kAverage) {
+      scale_average(out.dtype, result->data(), count * dtype_size(accumulator_dtype(out.dtype)),
+                    settings_.world_size);
+    }
+    if (!wide) store_result(out.dtype, result->data(), count);
   }
-  if (out.flags & kFrameFlagWideResult) {
-    // The float32 sums as they are (16-bit ops only: decode_header).
-    out.flags = kFrameFlagAccumulators;
-    out.length = count * dtype_size(accumulator_dtype(out.dtype));
-  } else {
-    if (!replayed) store_result(out.dtype, result->data(), count);
-    out.flags = 0;
-  }
+  out.flags = wide ? kFrameFlagAccumulators : 0;
+  if (wide) out.length = count * dtype_size(accumulator_dtype(out.dtype));
   out.kind = FrameKind::kResult;
   out.rank = kReducerRank;
   counters_.chunks_finished.fetch_add(1, std::memory_order_relaxed);

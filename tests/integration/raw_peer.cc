@@ -1,9 +1,12 @@
 #include "raw_peer.h"
 
+#include <array>
 #include <boost/asio/connect.hpp>
 #include <boost/asio/write.hpp>
+#include <cstring>
 #include <thread>
 
+#include "tally/protocol/chunking.h"
 #include "tally/protocol/tcp_transport.h"
 
 namespace tally::testing {
@@ -91,6 +94,23 @@ bool RawPeer::received_within(const std::string& what, std::chrono::milliseconds
   auto found = [&] { return received->find(what) != std::string::npos; };
   read_until(found, timeout, received);
   return found();
+}
+
+std::optional<RawPeer::Frame> RawPeer::read_frame(std::chrono::milliseconds timeout) {
+  std::optional<Frame> frame;
+  auto whole = [&] {
+    if (unframed_.size() < kFrameHeaderBytes) return false;
+    std::array<std::byte, kFrameHeaderBytes> bytes;
+    std::memcpy(bytes.data(), unframed_.data(), kFrameHeaderBytes);
+    auto h = decode_header(bytes, FrameLimits{.max_data_bytes = kMaxChunkBytesLimit});
+    if (!h) return true;  // nothing more can be framed
+    if (unframed_.size() < kFrameHeaderBytes + h->length) return false;
+    frame = Frame{*h, unframed_.substr(kFrameHeaderBytes, h->length)};
+    unframed_.erase(0, kFrameHeaderBytes + h->length);
+    return true;
+  };
+  if (!whole()) read_until(whole, timeout, &unframed_);
+  return frame;
 }
 
 bool RawPeer::closed_within(std::chrono::milliseconds timeout, std::string* received) {

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "tally.pb.h"
@@ -38,6 +39,16 @@ class RawPeer {
   // whether it closed, and what it sent in `received`.
   bool closed_within(std::chrono::milliseconds timeout, std::string* received = nullptr);
 
+  // A whole frame the reducer sent.
+  struct Frame {
+    FrameHeader header;
+    std::string payload;
+  };
+  // The next frame, read whole; nullopt when the stream ends, a header does
+  // not decode, or `timeout` passes first. Not to be mixed with the reads
+  // above on one stream (they do not split what they read into frames).
+  std::optional<Frame> read_frame(std::chrono::milliseconds timeout);
+
  private:
   // Reads into `received` until `done()`, the stream's end (returns true)
   // or `timeout` (returns false).
@@ -46,6 +57,7 @@ class RawPeer {
 
   boost::asio::io_context io_;
   boost::asio::ip::tcp::socket socket_;
+  std::string unframed_;  // read_frame's bytes not yet taken as a frame
 };
 
 // `message` as a control frame: header and payload.

@@ -138,11 +138,20 @@ class Chunk : public std::enable_shared_from_this<Chunk> {
   };
   Waiting waiting(const std::vector<uint32_t>& participants) const;
 
-  // After kDone, once the chunk has left its job: the summed buffer (or the
-  // replayed result, which is final as it is), and whether `member`
-  // contributed `rank` to it (a replay counts).
-  std::shared_ptr<Slab> take_result();
+  // After kDone, once the chunk has left its job: its buffer, once. A
+  // replayed result (a rank's replay or another replica's final) is final
+  // as it is: averaged and narrowed already by the reducer that summed it,
+  // so it is sent unchanged; only a sum made here is to be finished
+  // (averaged, narrowed) before it is sent. Both come in one call, so that
+  // what the buffer holds cannot be read apart from the buffer.
+  struct Result {
+    std::shared_ptr<Slab> slab;
+    bool replayed = false;
+  };
+  Result take_result();
+  // Whether the result is a replayed one (see Result).
   bool replayed() const;
+  // Whether `member` contributed `rank` to it (a replay counts).
   bool contributed(uint32_t rank, const JobMember* member) const;
 
  private:
