@@ -57,6 +57,10 @@ void Client::Impl::pump(ShardLink& link) {
         replay ? result_span(*op, e) : std::span(op->data + e.offset, e.length);
     if (link.inflight > 0 && link.inflight_bytes + payload.size() > link.window_bytes) break;
     link.queue.pop_front();
+    // A contribution's result is received where a replay would be sent
+    // from; it can come only once the contribution is out.
+    if (!replay)
+      link.conn()->post_receive({FrameKind::kResult, op->id, index}, result_span(*op, e));
     if (!replay && op->wire != op->dtype) {
       // float32 -> bfloat16, the only narrowing wire (make_op).
       payload = std::span(op->staging.data() + e.offset, e.length);
@@ -94,21 +98,10 @@ void Client::Impl::pump(ShardLink& link) {
   }
 }
 
-void Client::Impl::queue_chunk(ShardLink& link, const std::shared_ptr<Op>& op, uint32_t index,
-                               bool replay) {
-  // A contribution's result is received where a replay would be sent from.
-  if (!replay) {
-    link.conn()->post_receive({FrameKind::kResult, op->id, index},
-                              result_span(*op, op->plan->chunk(index)));
-  }
-  link.queue.push_back({op, index, replay});
-}
-
 void Client::Impl::start_op(const std::shared_ptr<Op>& op) {
   started_below = op->id + 1;
   const uint32_t shards = static_cast<uint32_t>(links.size());
   op->sending_on.assign(shards, 0);
-  op->receiving_on.assign(shards, 0);
   op->unanswered.assign(shards, 0);
   op->unanswered_bytes.assign(shards, 0);
   ops.emplace(op->id, op);
@@ -159,7 +152,7 @@ void Client::Impl::start_op(const std::shared_ptr<Op>& op) {
     const ChunkExtent e = op->plan->chunk(k);
     ShardLink& link = *links[e.shard];
     if (link.closed() || link.resyncing) continue;  // being reopened: resend() sends it
-    queue_chunk(link, op, e.index, false);
+    link.queue.push_back({op, e.index, false});
   }
   for (auto& link : links) pump(*link);
 }
@@ -180,9 +173,7 @@ void Client::Impl::fail_op(std::shared_ptr<Op> op, const Status& status) {
       const ChunkExtent e = op->plan->chunk(k);
       ShardLink& link = *links[e.shard];
       if (link.closed()) continue;  // a closed stream touches no buffer
-      if (!link.conn()->cancel_receive({FrameKind::kResult, op->id, e.index})) {
-        op->receiving_on[e.shard]++;
-      }
+      link.conn()->cancel_receive({FrameKind::kResult, op->id, e.index});
     }
     // Chunks sent without a result give their window slot back; queued ones
     // are never sent.
@@ -201,7 +192,7 @@ void Client::Impl::fail_op(std::shared_ptr<Op> op, const Status& status) {
     op->drain->async_wait([this, op](const boost::system::error_code& ec) {
       if (ec || op->finished) return;
       for (auto& link : links) {
-        if (op->sending_on[link->shard()] || op->receiving_on[link->shard()]) {
+        if (op->sending_on[link->shard()]) {
           link->close(Status(ErrorCode::kTimeout, "op " + std::to_string(op->id) +
                                                       " failed and its I/O did not drain in " +
                                                       std::to_string(kDrainGrace.count()) + " ms"));
@@ -215,7 +206,7 @@ void Client::Impl::fail_op(std::shared_ptr<Op> op, const Status& status) {
 void Client::Impl::maybe_finish(std::shared_ptr<Op> op) {
   if (op->finished) return;
   for (size_t s = 0; s < links.size(); ++s) {
-    if (op->sending_on[s] || op->receiving_on[s]) return;
+    if (op->sending_on[s]) return;
   }
   if (!op->failed && op->results != (op->plan ? op->plan->chunk_count() : 0)) return;
   if (!op->failed && !op->unheld && holds(*op) && op->id >= released_below()) {

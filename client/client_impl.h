@@ -76,7 +76,6 @@ struct Op {
   std::vector<uint8_t> got;                // by chunk: result written
   std::vector<uint8_t> replaying;          // by chunk: replayed, its answer not in yet
   std::vector<uint32_t> sending_on;        // by shard: sends the transport still reads
-  std::vector<uint32_t> receiving_on;      // by shard: cancelled receives still being written
   std::vector<uint32_t> unanswered;        // by shard: chunks sent whose result has not come
   std::vector<uint64_t> unanswered_bytes;  // by shard: their bytes
   bool failed = false;
@@ -184,9 +183,8 @@ struct Client::Impl {
   void drop_queued(const std::shared_ptr<Op>& op);
   // Takes a released op's results buffer for reuse, or frees it.
   void recycle_kept(std::vector<std::byte> buffer);
-  // Queues chunk `index` of `op` on `link`: a contribution, whose result's
-  // receive is posted, or a replay of the result this worker has.
-  void queue_chunk(ShardLink& link, const std::shared_ptr<Op>& op, uint32_t index, bool replay);
+  // Sends what `link`'s queue holds, within its windows: a contribution
+  // (its result's receive posted first) or a replay.
   void pump(ShardLink& link);
 
   // An op for `count` elements at `data`, or why the arguments are unusable.

@@ -161,7 +161,6 @@ void Client::Impl::on_link_lost(uint32_t shard) {
   link.resyncing = false;
   auto forget = [&](Op& op) {
     if (!op.plan || op.unanswered.empty()) return;
-    op.receiving_on[shard] = 0;
     op.unanswered[shard] = 0;
     op.unanswered_bytes[shard] = 0;
     const uint64_t first = op.plan->first_chunk(shard);
@@ -199,7 +198,7 @@ void Client::Impl::resend(uint32_t shard, uint64_t op_below) {
   for (auto& [id, op] : again) {
     const uint64_t first = op->plan->first_chunk(shard);
     for (uint64_t k = first; k < first + op->plan->chunks_on_shard(shard); ++k) {
-      queue_chunk(link, op, static_cast<uint32_t>(k), op->finished || op->got[k]);
+      link.queue.push_back({op, static_cast<uint32_t>(k), op->finished || op->got[k] != 0});
     }
   }
   pump(link);

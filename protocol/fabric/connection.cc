@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <boost/asio/post.hpp>
+#include <cstring>
 
 #include "tally.pb.h"
 
@@ -22,6 +23,9 @@ constexpr size_t kPrepostLimit = 64;
 // complete or cancel before on_closed runs anyway (a dead peer's sends
 // never complete: libfabric does not report dead peers).
 constexpr auto kCloseGrace = 1000ms;
+// Landings kept for reuse per stream: a client posts a receive per chunk
+// it has sent (its window), so a few cover the steady state.
+constexpr size_t kSpareLandings = 16;
 
 }  // namespace
 
@@ -98,26 +102,29 @@ void FabricConnection::post_receive(const ReceiveKey& key, std::span<std::byte> 
   }
 }
 
-bool FabricConnection::cancel_receive(const ReceiveKey& key) {
-  if (!control_) return true;  // abandoned: nothing writes any buffer now
+void FabricConnection::cancel_receive(const ReceiveKey& key) {
+  if (!control_) return;  // abandoned: nothing writes any buffer now
   if (mode_ != Mode::kFabric) return control_->cancel_receive(key);
   auto it = rx_.find(key);
-  if (it == rx_.end()) return true;
+  if (it == rx_.end()) return;
   Rx& rx = it->second;
-  if (rx.cancelled) return false;
+  // The owner's buffer is written only in deliver(): from here on, pieces
+  // still arriving land in the Rx's landing only.
+  if (rx.cancelled) return;
   if (!rx.posted) {
     rx_.erase(it);
-    return true;
+    return;
   }
-  if (rx.pieces_left == 0) {  // payload here, header not yet: nothing writes the buffer now
+  if (rx.pieces_left == 0) {  // payload here, header not yet
     if (!rx.header) consumed_.insert(key);
+    release(rx);
     rx_.erase(it);
-    return true;
+    refill();
+    return;
   }
   rx.cancelled = true;
   for (Op* op : rx.ops) fi_cancel(&endpoint_->ep()->fid, &op->ctx);
   endpoint_->kick();
-  return false;
 }
 
 void FabricConnection::resume() {
@@ -511,7 +518,24 @@ void FabricConnection::post_payload(const ReceiveKey& key, Rx& rx) {
         Status(ErrorCode::kInvalidArgument, "receive of " + std::to_string(rx.dst.size()) +
                                                 " bytes exceeds the provider's message limits"));
   }
-  auto desc = desc_for(rx.dst.data(), rx.dst.size(), rx.mrs);
+  std::span<std::byte> into = rx.dst;
+  if (rx.expected) {
+    // The smallest spare landing that holds it, or a new one.
+    auto fits = spare_landings_.end();
+    for (auto it = spare_landings_.begin(); it != spare_landings_.end(); ++it) {
+      if (it->capacity() >= rx.dst.size() &&
+          (fits == spare_landings_.end() || it->capacity() < fits->capacity())) {
+        fits = it;
+      }
+    }
+    if (fits != spare_landings_.end()) {
+      rx.landing = std::move(*fits);
+      spare_landings_.erase(fits);
+    }
+    rx.landing.resize(rx.dst.size());
+    into = rx.landing;
+  }
+  auto desc = desc_for(into.data(), into.size(), rx.mrs);
   if (!desc) return close(desc.status().with_context("registering a receive buffer"));
   if (rx.expected) posted_payloads_++;
   rx.pieces_left = static_cast<uint32_t>(pieces);
@@ -527,7 +551,7 @@ void FabricConnection::post_payload(const ReceiveKey& key, Rx& rx) {
       self->on_payload_piece(key, op, s, n, len);
     };
     rx.ops.push_back(op);
-    std::byte* buf = rx.dst.data() + off;
+    std::byte* buf = into.data() + off;
     void* d = *desc;
     submit(op, [ep, buf, len, d, from, tag, op] {
       return fi_trecv(ep, buf, len, d, from, tag, 0, &op->ctx);
@@ -567,18 +591,13 @@ void FabricConnection::settle_cancelled(const ReceiveKey& key) {
   } else if (!rx.header) {
     consumed_.insert(key);
   }
-  FrameHeader h;
-  h.kind = key.kind;
-  h.op = key.op;
-  h.chunk = key.chunk;
-  h.length = rx.dst.size();
-  if (!closed_) handler_->on_data(h, rx.dst);
   refill();
 }
 
 void FabricConnection::deliver(const ReceiveKey& key) {
   auto node = rx_.extract(key);
   Rx& rx = node.mapped();
+  if (rx.expected && !rx.dst.empty()) std::memcpy(rx.dst.data(), rx.landing.data(), rx.dst.size());
   release(rx);
   if (!rx.discard && !closed_) handler_->on_data(*rx.header, rx.dst);
   refill();
@@ -592,6 +611,10 @@ void FabricConnection::release(Rx& rx) {
   if (rx.expected && rx.posted && !rx.dst.empty()) posted_payloads_--;
   for (auto* e : rx.mrs) endpoint_->mr().release(e);
   rx.mrs.clear();
+  if (rx.landing.capacity() > 0 && spare_landings_.size() < kSpareLandings) {
+    spare_landings_.push_back(std::move(rx.landing));
+  }
+  rx.landing = {};
 }
 
 void FabricConnection::refill() {

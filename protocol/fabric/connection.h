@@ -52,7 +52,7 @@ class FabricConnection final : public Connection,
 
   void post_receive(const ReceiveKey& key, std::span<std::byte> dst) override;
 
-  bool cancel_receive(const ReceiveKey& key) override;
+  void cancel_receive(const ReceiveKey& key) override;
 
   void resume() override;
 
@@ -87,6 +87,9 @@ class FabricConnection final : public Connection,
   struct Rx {
     std::span<std::byte> dst;
     std::vector<std::byte> scratch;  // discarded payloads land here
+    // A posted receive's payload lands here, and reaches `dst` only whole
+    // (transport.h); from spare_landings_.
+    std::vector<std::byte> landing;
     std::optional<FrameHeader> header;
     std::vector<Op*> ops;
     uint32_t pieces_left = 0;
@@ -160,13 +163,13 @@ class FabricConnection final : public Connection,
 
   void on_payload_piece(const ReceiveKey& key, Op* op, const Status& s, size_t n, size_t expected);
 
-  // A cancelled receive is done with its buffer: tell the owner (the
-  // contract of cancel_receive returning false), and make sure the payload
-  // is consumed once and only once.
+  // A cancelled receive's pieces are done: make sure the payload is
+  // consumed once and only once.
   void settle_cancelled(const ReceiveKey& key);
 
   void deliver(const ReceiveKey& key);
 
+  // Gives back what `rx` holds: its registrations, its landing.
   void release(Rx& rx);
 
   // Posts receives that waited for room, oldest first.
@@ -209,6 +212,8 @@ class FabricConnection final : public Connection,
   std::deque<ReceiveKey> waiting_;
   std::unordered_set<ReceiveKey, ReceiveKeyHash> consumed_;
   size_t posted_payloads_ = 0;
+  // Landings of finished receives, reused (no allocation per payload).
+  std::vector<std::vector<std::byte>> spare_landings_;
 
   std::unordered_set<Op*> ops_;
   std::deque<Post> pending_;

@@ -144,10 +144,10 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
     posted_[key] = dst;
   }
 
-  bool cancel_receive(const ReceiveKey& key) override {
-    if (reading_posted_ && active_key_ == key) return false;
+  void cancel_receive(const ReceiveKey& key) override {
     posted_.erase(key);
-    return true;
+    // A payload arriving for it lands in landing_ and is dropped.
+    if (reading_posted_ && active_key_ == key) reading_posted_ = false;
   }
 
   void resume() override {
@@ -167,7 +167,7 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
     timer_.cancel();
     drain_timer_.cancel();
     posted_.clear();
-    reading_posted_ = false;  // after close() nothing is written into any buffer
+    reading_posted_ = false;  // after close() nothing is written into any buffer (landing_ aside)
     // The write in progress (if any) completes with operation_aborted; the
     // queued ones never reached the socket.
     size_t keep = writing_ ? 1 : 0;
@@ -342,8 +342,13 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
                            describe(header_) + " from " + peer_ + " does not match the " +
                                std::to_string(it->second.size()) + "-byte receive posted for it"));
       }
-      dst_ = it->second;
+      // Into landing_ first: the posted buffer is written only with the
+      // whole payload (transport.h), never with part of one.
+      posted_dst_ = it->second;
       posted_.erase(it);
+      landing_.resize(header_.length);
+      dst_ = landing_;
+      landing_posted_ = true;
       reading_posted_ = true;
       active_key_ = key;
       discarding_ = false;
@@ -388,8 +393,14 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
   }
 
   void on_payload_complete() {
+    const bool deliver = !discarding_ && (!landing_posted_ || reading_posted_);
+    if (landing_posted_ && reading_posted_) {
+      if (!landing_.empty()) std::memcpy(posted_dst_.data(), landing_.data(), landing_.size());
+      dst_ = posted_dst_;
+    }
+    landing_posted_ = false;
     reading_posted_ = false;
-    if (!discarding_) {
+    if (deliver) {
       auto handler = handler_;
       handler->on_data(header_, dst_);
       if (closed_) return;
@@ -489,8 +500,14 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
   std::span<std::byte> dst_;
   std::vector<std::byte> scratch_;
   bool discarding_ = false;
+  // The payload being read is a posted receive's (landing_posted_), not
+  // cancelled since (reading_posted_): it lands in landing_, and is copied
+  // to posted_dst_ once whole.
+  bool landing_posted_ = false;
   bool reading_posted_ = false;
   ReceiveKey active_key_;
+  std::span<std::byte> posted_dst_;
+  std::vector<std::byte> landing_;
   std::unordered_map<ReceiveKey, std::span<std::byte>, ReceiveKeyHash> posted_;
 
   // Write side.

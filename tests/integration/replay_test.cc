@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "clients.h"
+#include "cut_link.h"
 #include "harness.h"
 #include "raw_peer.h"
 #include "tally.pb.h"
@@ -211,6 +212,81 @@ std::vector<ReplayCase> replay_cases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Replay, ReplayedResult, ::testing::ValuesIn(replay_cases()), case_name);
+
+// A reducer killed while it sends a result leaves the worker with part of
+// it. The worker's buffer still holds its input there (the result reaches
+// it only whole), so the contribution it sends again after the restart is
+// its input, and the op's result is exact. Rank 0 is a Client reaching the
+// reducer through a CutLink that stops half-way through its result; rank 1,
+// a raw peer, resumes without the result and contributes again.
+TEST(Replay, AResultCutOffMidPayloadLeavesTheInputToSendAgain) {
+  PoolSpec spec{.shards = 1};
+  spec.reducer_args = {"--max-chunk-bytes", "1MiB", "--memory-budget", "16MiB",
+                       "--io-threads",      "2",    "--log-level",     "info"};
+  TestCluster cluster(spec);
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  const std::string job = unique_job("cut-result");
+  const std::string address = cluster.addresses()[0];
+  CutLink link(address);
+  ASSERT_FALSE(link.address().empty());
+
+  constexpr uint64_t kCount = 256 << 10;  // 1 MiB of floats: one chunk
+  std::vector<double> a(kCount), x(kCount), expect(kCount);
+  for (uint64_t i = 0; i < kCount; ++i) {
+    a[i] = static_cast<double>(i % 1000);
+    x[i] = static_cast<double>(100000 + i % 7);
+    expect[i] = a[i] + x[i];
+  }
+  FrameHeader h;
+  h.kind = FrameKind::kContribution;
+  h.dtype = DType::kFloat32;
+  h.redop = RedOp::kSum;
+  h.rank = 1;
+  h.job = job_id(job);
+  h.count = kCount;
+  h.chunks_on_shard = 1;
+  h.length = kCount * sizeof(float);
+  const std::string input = encode(x, DType::kFloat32);
+  wire::Control hello = raw_hello(job, 1, 2);
+  hello.mutable_hello()->add_group_sizes(2);
+  RawPeer first(address);
+  first.send_control(hello);
+  first.send_frame(h, input);
+
+  link.arm(64 << 10);
+  auto client = connect_all(cluster, job, 1, [&](ClientOptions& o, uint32_t) {
+    o.pool = {link.address()};
+    o.world_size = 2;
+    o.chunk_bytes = kCount * sizeof(float);
+  });
+  ASSERT_EQ(client.size(), 1u);
+  std::string mine = encode(a, DType::kFloat32);
+  OpHandle op = client[0]->allreduce_async(mine.data(), kCount, DType::kFloat32, RedOp::kSum);
+  ASSERT_TRUE(link.held_within(10s)) << "the result never reached the link";
+
+  cluster.kill_reducer(0, SIGKILL);
+  ASSERT_TRUE(cluster.restart_reducer(0).is_ok());
+  link.cut();  // rank 0 has half its result, and loses the stream
+  RawPeer again(address);
+  hello.mutable_hello()->set_resume(true);
+  again.send_control(hello);
+  wire::Control received;
+  received.mutable_received()->set_op_below(0);
+  again.send_control(received);
+  again.send_frame(h, input);
+
+  const auto ended = op.wait_for(20s);
+  ASSERT_TRUE(ended.has_value()) << "op 0 still in flight";
+  ASSERT_TRUE(ended->is_ok()) << ended->to_string();
+  const std::string sum = encode(expect, DType::kFloat32);
+  EXPECT_EQ(first_difference(mine, sum, DType::kFloat32), "") << "rank 0's result";
+  std::optional<RawPeer::Frame> result;
+  while ((result = again.read_frame(10s)) && result->header.kind != FrameKind::kResult) {
+  }
+  ASSERT_TRUE(result.has_value()) << "rank 1 got no result; reducer log:\n"
+                                  << cluster.reducer_log(0);
+  EXPECT_EQ(first_difference(result->payload, sum, DType::kFloat32), "") << "rank 1's result";
+}
 
 }  // namespace
 }  // namespace tally::testing

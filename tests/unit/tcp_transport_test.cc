@@ -1,9 +1,9 @@
 // The TCP transport over a real loopback stream: frames larger than one
 // write or read call arrive whole and in order, whatever pieces the bytes
-// come in; control frames queued for a peer that does not read are capped
-// per stream and across the streams that share a budget; a paced stream's
-// socket carries its pacing rate, and the share and congestion control
-// streams are paced with.
+// come in; a posted receive is written only with a whole payload; control frames queued for a peer
+// that does not read are capped per stream and across the streams that share a budget; a paced
+// stream's socket carries its pacing rate, and the share and congestion control streams are paced
+// with.
 #include "tally/protocol/tcp_transport.h"
 
 #include <gtest/gtest.h>
@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <deque>
 #include <fstream>
+#include <future>
 #include <memory>
 #include <optional>
 #include <string>
@@ -160,6 +161,64 @@ TEST(TcpTransport, PayloadTricklingInUnevenPiecesIsAssembled) {
   writer.join();
   ASSERT_TRUE(arrived) << (collector->closed ? collector->closed->to_string() : "open");
   EXPECT_TRUE(collector->received[0] == payload);
+}
+
+// A posted receive is written only with its whole payload: a stream that
+// ends part-way through leaves the buffer as it was (a worker's buffer
+// holds its input there, which it sends again after a reducer restart),
+// and a receive cancelled while its payload arrives is never written nor
+// reported. A whole payload for a posted receive arrives as it was sent.
+TEST(TcpTransport, APostedReceiveIsWrittenOnlyWithItsWholePayload) {
+  for (const bool cancel : {false, true}) {
+    SCOPED_TRACE(cancel ? "cancelled mid-payload" : "stream lost mid-payload");
+    LoopbackPair pair;
+    ConnectionOptions options;
+    options.max_data_bytes = 8u << 20;
+    auto receiver = make_tcp_connection(std::move(pair.server), options);
+    auto collector = std::make_shared<Collector>();
+    receiver->start(collector);
+    const size_t n = 1u << 20;
+    const auto input = pattern(n, 5), result = pattern(n, 6), next = pattern(64, 7);
+    std::vector<std::byte> buffer = input, other(next.size());
+    FrameHeader h = data_header(3, 0, n);
+    h.kind = FrameKind::kResult;
+    FrameHeader h2 = data_header(3, 1, next.size());
+    h2.kind = FrameKind::kResult;
+    receiver->post_receive({FrameKind::kResult, 3, 0}, buffer);
+    receiver->post_receive({FrameKind::kResult, 3, 1}, other);
+    const auto header = encode_header(h), header2 = encode_header(h2);
+    std::promise<void> half_sent, cancelled;
+    std::thread writer([&, socket = std::move(pair.client)]() mutable {
+      boost::system::error_code ec;
+      asio::write(socket, asio::buffer(header), ec);
+      asio::write(socket, asio::buffer(result.data(), n / 2), ec);
+      half_sent.set_value();
+      if (!cancel) return;  // the stream closes with half the payload sent
+      cancelled.get_future().wait();
+      asio::write(socket, asio::buffer(result.data() + n / 2, n - n / 2), ec);
+      asio::write(socket, asio::buffer(header2), ec);
+      asio::write(socket, asio::buffer(next), ec);
+      char byte;
+      socket.read_some(asio::buffer(&byte, 1), ec);  // open until the reader is done
+    });
+    half_sent.get_future().wait();
+    if (cancel) {
+      // Let the reader take part of the payload before the cancel.
+      pair.io.run_for(50ms);
+      receiver->cancel_receive({FrameKind::kResult, 3, 0});
+      cancelled.set_value();
+      EXPECT_TRUE(pair.run_until([&] { return !collector->received.empty(); }));
+      ASSERT_EQ(collector->headers.size(), 1u) << "the cancelled receive was reported";
+      EXPECT_EQ(collector->headers[0].chunk, 1u);
+      EXPECT_TRUE(other == next) << "the next frame's receive is intact";
+    } else {
+      EXPECT_TRUE(pair.run_until([&] { return collector->closed.has_value(); }));
+      EXPECT_TRUE(collector->received.empty());
+    }
+    receiver->close(Status(ErrorCode::kCancelled, "test over"));
+    writer.join();
+    EXPECT_TRUE(buffer == input) << "the posted buffer was written with part of a payload";
+  }
 }
 
 // A 1 KiB control frame: charged 1 KiB + its protobuf framing + kQueuedFrameOverhead.

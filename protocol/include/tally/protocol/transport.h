@@ -1,13 +1,17 @@
 // The transport interface: one Connection per peer stream, message-oriented.
 //
-// A Connection moves frames (header + payload) between two processes. Data
-// payloads are never copied by the transport: a sender's payload is read in
-// place until its SendDone runs, and a receiver names the destination of a
-// payload, either ahead of time with post_receive() (the result of a chunk
-// lands straight in the caller's tensor; a libfabric transport maps this to
-// a tagged receive posted into registered memory) or on arrival through
+// A Connection moves frames (header + payload) between two processes. A
+// sender's payload is read in place until its SendDone runs, never copied.
+// A receiver names the destination of a payload either on arrival, through
 // FrameHandler::on_data_header() (the reducer's pool buffers; libfabric's
-// unexpected-message path).
+// unexpected-message path), where the payload lands as it arrives, or ahead
+// of time with post_receive() (the result of a chunk, for the caller's
+// tensor). A posted destination is written only with a whole payload: the
+// payload lands in the connection's own buffer and is copied there once
+// complete, so a stream lost mid-payload leaves the destination as it was.
+// A worker's tensor holds its input until the result is in, and an input
+// half overwritten by a result would be sent again after a reducer restart
+// (docs/architecture.md, "Surviving a reducer restart").
 //
 // Threading: every Connection lives on one executor (one I/O thread). All
 // methods must be called on it; other threads post to executor(). Handler
@@ -71,9 +75,8 @@ class FrameHandler {
   virtual ~FrameHandler() = default;
   // A data frame arrived with no posted receive for it.
   virtual PayloadAction on_data_header(const FrameHeader& header) = 0;
-  // A data payload is complete in the buffer chosen for it (posted or from
-  // on_data_header), including one whose posted receive was cancelled while
-  // it was being written.
+  // A data payload is complete in the buffer chosen for it (posted and not
+  // cancelled, or from on_data_header).
   virtual void on_data(const FrameHeader& header, std::span<std::byte> payload) = 0;
   virtual void on_control(const wire::Control& message) = 0;
   // Called once, after which the connection touches no buffer again.
@@ -155,12 +158,13 @@ class Connection {
   // Queues a control frame (the message is serialized immediately); `done`,
   // if given, runs once it is written or dropped.
   virtual void send_control(const wire::Control& message, SendDone done = nullptr) = 0;
-  // The payload of the data frame matching `key` goes to `dst`, which must
-  // stay valid until on_data for it, a successful cancel_receive or close.
+  // The payload of the data frame matching `key` goes to `dst`, written
+  // once whole (see the top of this file). `dst` must stay valid until
+  // on_data for it, cancel_receive or close.
   virtual void post_receive(const ReceiveKey& key, std::span<std::byte> dst) = 0;
-  // Withdraws a posted receive. Returns false when its payload is being
-  // written right now: on_data will still come for it.
-  virtual bool cancel_receive(const ReceiveKey& key) = 0;
+  // Withdraws a posted receive: `dst` is not written after this returns, and
+  // no on_data comes for it (a payload already arriving is dropped).
+  virtual void cancel_receive(const ReceiveKey& key) = 0;
   // Continues after on_data_header answered pause().
   virtual void resume() = 0;
   // Closes the stream; idempotent. Queued sends complete with `reason`,
