@@ -22,6 +22,7 @@
 
 #include "compare.h"
 #include "tally/bench/local_pool.h"
+#include "tally/bench/netlab.h"
 #include "tally/bench/process.h"
 #include "tally/bench/table.h"
 #include "tally/client/client.h"
@@ -32,81 +33,11 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-// Rank r's element i of op g: small integers, so every sum of up to 16384
-// ranks is exact in float32 and each op's result is checked element by
-// element.
-float element(uint32_t rank, uint64_t op, size_t i) {
-  return static_cast<float>((i * 7 + op * 13 + uint64_t{rank} * 29) & 1023);
-}
-
 Clock::duration seconds_of(double s) {
   return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
 }
 
 }  // namespace
-
-int run_load_worker(const LoadWorkerOptions& o) {
-  const auto started = Clock::now();
-  std::unique_ptr<FILE, int (*)(FILE*)> out(std::fopen(o.out_path.c_str(), "w"), &std::fclose);
-  if (!out) {
-    spdlog::error("cannot write {}", o.out_path);
-    return 2;
-  }
-  auto options = client_options_from_env();
-  if (!options) {
-    std::fprintf(out.get(), "# %s\n", options.status().to_string().c_str());
-    return 2;
-  }
-  auto client = Client::connect(*options);
-  if (!client) {
-    // Not an op: no op was attempted (collect() counts it apart).
-    std::fprintf(out.get(), "# connect %s\n", client.status().to_string().c_str());
-    return 4;
-  }
-  const uint32_t rank = options->rank;
-  const uint32_t world = options->world_size;
-  // The last element is this rank's vote: 1 while its time lasts. Every rank
-  // sees the same sum, so all stop after the same op.
-  const size_t n = std::max<size_t>(o.bytes / sizeof(float), 2);
-  std::vector<float> buf(n);
-  int code = 0;
-  // Flushed every 100 ms, so a worker the chaos driver kills loses at most
-  // that much of its record.
-  auto flushed = Clock::now();
-  for (uint64_t k = 0; k < o.max_ops; ++k) {
-    if (Clock::now() - flushed > std::chrono::milliseconds(100)) {
-      std::fflush(out.get());
-      flushed = Clock::now();
-    }
-    const uint64_t op = o.first + k;
-    for (size_t i = 0; i + 1 < n; ++i) buf[i] = element(rank, op, i);
-    buf[n - 1] = Clock::now() - started < seconds_of(o.seconds) ? 1.0f : 0.0f;
-    const auto t0 = Clock::now();
-    const Status s = (*client)->allreduce(buf.data(), n, DType::kFloat32, RedOp::kSum);
-    const long long us =
-        std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t0).count();
-    if (!s) {
-      std::fprintf(out.get(), "%" PRIu64 " %s %lld\n# %s\n", op,
-                   std::string(error_code_name(s.code())).c_str(), us, s.to_string().c_str());
-      code = 4;
-      break;
-    }
-    const float votes = buf[n - 1];
-    bool right = votes >= 0 && votes <= static_cast<float>(world) && votes == std::floor(votes);
-    for (size_t i = 0; right && i + 1 < n; ++i) {
-      float want = 0;
-      for (uint32_t r = 0; r < world; ++r) want += element(r, op, i);
-      right = buf[i] == want;
-    }
-    std::fprintf(out.get(), "%" PRIu64 " %s %lld\n", op, right ? "ok" : "wrong", us);
-    if (!right) {
-      code = 3;
-      break;  // the votes may be wrong too: stopping is the one safe move
-    }
-    if (votes < static_cast<float>(world)) break;
-  }
-  return code;
-}
 
 namespace {
 
@@ -116,6 +47,7 @@ struct RankReport {
   std::vector<uint32_t> latency_us;         // of its ok ops
   std::string error;                        // the "# ..." line, if any
   std::string connect_error;                // "# connect ...": it never joined
+  std::string wrong;                        // "# wrong op ...": what a wrong result was
 };
 
 RankReport read_report(const std::string& path) {
@@ -125,6 +57,10 @@ RankReport read_report(const std::string& path) {
   while (std::getline(in, line)) {
     if (line.rfind("# connect ", 0) == 0) {
       report.connect_error = line.substr(10);
+      continue;
+    }
+    if (line.rfind("# wrong ", 0) == 0) {
+      report.wrong = line.substr(2);
       continue;
     }
     if (line.rfind("# ", 0) == 0) {
@@ -150,6 +86,7 @@ struct Totals {
   std::vector<uint32_t> latency_us;
   std::map<std::string, uint64_t> errors;       // error code -> rank-ops; "connect": joins
   std::map<std::string, std::string> examples;  // error code -> one such error, quoted
+  std::vector<std::string> wrongs;              // each wrong rank-op, explained
   uint64_t rounds = 0;
   uint64_t unexpected_exits = 0;  // a worker that exited with neither 0, 3, 4 nor our kill
 };
@@ -163,6 +100,7 @@ struct JobRun {
   std::vector<Process> workers;
   std::vector<std::string> outputs;
   std::vector<bool> killed;  // by the chaos schedule, this round
+  std::vector<bool> reaped;  // its exit status has been seen, this round
 };
 
 struct ReducerSample {
@@ -196,8 +134,13 @@ std::string percentile_ms(std::vector<uint32_t>& v, double q) {
 uint64_t collect(JobRun& job, Totals& totals) {
   std::map<uint64_t, std::vector<std::string>> by_op;
   uint64_t next = job.next_op;
-  for (const std::string& path : job.outputs) {
-    RankReport r = read_report(path);
+  for (size_t rank = 0; rank < job.outputs.size(); ++rank) {
+    RankReport r = read_report(job.outputs[rank]);
+    if (!r.wrong.empty()) {
+      totals.wrongs.push_back("job " + std::to_string(job.index) + " round " +
+                              std::to_string(job.round) + " rank " + std::to_string(rank) + ": " +
+                              r.wrong);
+    }
     if (!r.connect_error.empty()) {
       totals.errors["connect"]++;
       if (!totals.examples.count("connect")) totals.examples["connect"] = r.connect_error;
@@ -228,6 +171,31 @@ uint64_t collect(JobRun& job, Totals& totals) {
   return next;
 }
 
+// A line on stderr this often while a run lasts: a long run is not silent.
+constexpr std::chrono::seconds kProgressEvery{10};
+
+// Ops rank 0 of a running round has reported ok so far.
+uint64_t ok_lines(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  uint64_t n = 0;
+  while (std::getline(in, line)) n += line.find(" ok ") != std::string::npos;
+  return n;
+}
+
+void print_progress(Clock::duration elapsed, const std::vector<JobRun>& jobs, const Totals& totals,
+                    uint64_t kills) {
+  uint64_t completed = totals.completed;
+  for (const JobRun& job : jobs) {
+    if (job.running && !job.outputs.empty()) completed += ok_lines(job.outputs[0]);
+  }
+  std::fprintf(stderr,
+               "# %.0f s: %" PRIu64 " ops completed, %" PRIu64 " failed, %" PRIu64
+               " split, %" PRIu64 " wrong, %" PRIu64 " kills\n",
+               std::chrono::duration<double>(elapsed).count(), completed, totals.failed,
+               totals.split, totals.wrong, kills);
+}
+
 }  // namespace
 
 int run_load(const LoadOptions& o) {
@@ -238,6 +206,35 @@ int run_load(const LoadOptions& o) {
     return 1;
   }
   const ScratchDir& scratch = **scratch_dir;
+  // --netlab: worker r of job j on host j x W + r, reducer i on host J x W + i.
+  std::unique_ptr<Netlab> lab;
+  const uint32_t worker_hosts = o.jobs * o.workers;
+  if (!o.netlab_rate.empty()) {
+    for (const std::string& name : remove_stale_namespaces("tally-bench-")) {
+      spdlog::warn("removed namespace {}, left by a bench that is gone", name);
+    }
+    NetlabOptions no;
+    no.hosts = worker_hosts + o.shards * o.groups;
+    no.rate = o.netlab_rate;
+    auto made = Netlab::create(no);
+    if (!made) {
+      spdlog::error("--netlab: {}", made.status().to_string());
+      return 1;
+    }
+    lab = std::move(*made);
+    // The last worker of each job is on a link of half the rate: results
+    // reach it after the others, as they reach a straggler, so a reducer
+    // killed at any moment leaves chunks whose results some ranks hold and
+    // others do not (the replays a restart is there to get right).
+    const uint64_t half = lab->rate_bps() / 2;
+    for (uint32_t j = 0; j < o.jobs && o.workers > 1; ++j) {
+      if (Status st = lab->set_rate(j * o.workers + o.workers - 1, std::to_string(half) + "bit");
+          !st) {
+        spdlog::error("--netlab: {}", st.to_string());
+        return 1;
+      }
+    }
+  }
   std::unique_ptr<LocalPool> local;
   std::string pool = o.pool;
   std::string secret_file = o.secret_file;
@@ -253,6 +250,15 @@ int run_load(const LoadOptions& o) {
     lo.log_dir = scratch.path();
     lo.extra_args = {"--log-level", o.log_level, "--job-secret-file", secret_file,
                      "--require-auth"};
+    if (lab) {
+      for (uint32_t i = 0; i < o.shards * o.groups; ++i) {
+        lo.hosts.push_back(lab->address(worker_hosts + i));
+      }
+      const Netlab* l = lab.get();
+      lo.place = [l, worker_hosts](uint32_t i, ProcessSpec& spec) {
+        l->place(worker_hosts + i, spec);
+      };
+    }
     auto started = LocalPool::start(lo);
     if (!started) {
       spdlog::error("cannot start the local pool: {}", started.status().to_string());
@@ -271,6 +277,7 @@ int run_load(const LoadOptions& o) {
   // Past this, something hangs: an op is bounded by its timeout, a connect by its own.
   const auto hard_deadline = end + 3 * milliseconds(o.op_timeout_ms) + std::chrono::seconds(60);
   auto next_kill = t0 + seconds_of(o.kill_every_s);
+  auto next_progress = t0 + kProgressEvery;
   uint64_t kills = 0;
   std::vector<uint32_t> restarts(local ? local->addresses().size() : 0, 0);
   int result = 0;
@@ -284,6 +291,7 @@ int run_load(const LoadOptions& o) {
     job.workers.clear();
     job.outputs.clear();
     job.killed.assign(o.workers, false);
+    job.reaped.assign(o.workers, false);
     for (uint32_t r = 0; r < o.workers; ++r) {
       const std::string tag = "j" + std::to_string(job.index) + "-r" + std::to_string(job.round) +
                               "-w" + std::to_string(r);
@@ -296,6 +304,9 @@ int run_load(const LoadOptions& o) {
                    "--seconds",   std::to_string(left),
                    "--max-ops",   std::to_string(o.max_ops),
                    "--out",       job.outputs.back(),
+                   "--redop",     o.redops,
+                   "--inflight",  std::to_string(o.inflight),
+                   "--buckets",   std::to_string(o.buckets),
                    "--log-level", o.log_level};
       spec.env = {{"TALLY_POOL", pool},
                   {"TALLY_JOB",
@@ -306,6 +317,7 @@ int run_load(const LoadOptions& o) {
                   {"TALLY_OP_TIMEOUT_MS", std::to_string(o.op_timeout_ms)}};
       if (!secret_file.empty()) spec.env["TALLY_SECRET_FILE"] = secret_file;
       spec.stderr_path = scratch.path() + "/" + tag + ".log";
+      if (lab) lab->place(job.index * o.workers + r, spec);
       auto p = Process::spawn(spec);
       if (!p) {
         spdlog::error("{}", p.status().to_string());
@@ -337,6 +349,8 @@ int run_load(const LoadOptions& o) {
             continue;
           }
           if (*st != 0) time_up = false;
+          if (job.reaped[r]) continue;
+          job.reaped[r] = true;
           if (*st != 0 && *st != 3 && *st != 4 && !job.killed[r]) {
             totals.unexpected_exits++;
             spdlog::error("job {} rank {} exited with status {} (log: {})", job.index, r, *st,
@@ -355,6 +369,10 @@ int run_load(const LoadOptions& o) {
     }
     if (all_done) break;
     const auto now = Clock::now();
+    if (now >= next_progress) {
+      next_progress += kProgressEvery;
+      print_progress(now - t0, jobs, totals, kills);
+    }
     if (!o.kill.empty() && now >= next_kill && now < end) {
       next_kill += seconds_of(o.kill_every_s);
       if (o.kill == "reducer" && local) {
@@ -391,13 +409,20 @@ int run_load(const LoadOptions& o) {
   }
   const std::vector<ReducerSample> after = sample(local.get());
 
-  std::printf("# tally-bench %s: %u jobs x %u workers, %s float32 sum per op, %.0f s, pool %s\n",
-              o.kill.empty() ? "load" : "chaos", o.jobs, o.workers, human_bytes(o.bytes).c_str(),
-              o.seconds,
-              local ? ("S=" + std::to_string(o.shards) + " x G=" + std::to_string(o.groups) +
-                       " (local, authenticated)")
-                          .c_str()
-                    : pool.c_str());
+  const std::string redops = o.redops == "both" ? "sum and avg alternating" : o.redops;
+  std::printf(
+      "# tally-bench %s: %u jobs x %u workers, float32 %s, %u ops in flight over %u buckets of "
+      "up to %s, %.0f s, pool %s\n",
+      o.kill.empty() ? "load" : "chaos", o.jobs, o.workers, redops.c_str(), o.inflight, o.buckets,
+      human_bytes(o.bytes).c_str(), o.seconds,
+      local ? ("S=" + std::to_string(o.shards) + " x G=" + std::to_string(o.groups) +
+               " (local, authenticated" +
+               (lab ? ", in a network lab at " + o.netlab_rate +
+                          " per host, each job's last worker at half of it"
+                    : std::string()) +
+               ")")
+                  .c_str()
+            : pool.c_str());
   if (!o.kill.empty()) {
     std::printf("# chaos: a %s killed (SIGKILL) and restarted every %.1f s: %" PRIu64 " kills\n",
                 o.kill.c_str(), o.kill_every_s, kills);
@@ -418,6 +443,7 @@ int run_load(const LoadOptions& o) {
     std::printf("#   %-20s %8" PRIu64 "   e.g. %s\n", kind.c_str(), count,
                 totals.examples.count(kind) ? totals.examples[kind].c_str() : "");
   }
+  for (const std::string& w : totals.wrongs) std::printf("# %s\n", w.c_str());
   for (size_t i = 0; i < before.size() && i < after.size(); ++i) {
     auto mib = [](std::optional<uint64_t> b) -> std::string {
       if (!b) return "?";
@@ -462,7 +488,7 @@ int load_main(int argc, char** argv) {
   app.add_option("-T,--seconds", o.seconds, "how long the run lasts (ops start until then)")
       ->capture_default_str()
       ->check(CLI::Range(0.1, 86400.0));
-  app.add_option("-b,--bytes", o.bytes, "bytes per op (float32 elements)")
+  app.add_option("-b,--bytes", o.bytes, "bytes of the largest bucket (float32 elements)")
       ->transform(CLI::AsSizeValue(false))
       ->capture_default_str();
   app.add_option("-S,--shards", o.shards, "shards of the local pool")
@@ -475,9 +501,25 @@ int load_main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--max-ops", o.max_ops, "at most this many ops per worker and round")
       ->capture_default_str();
+  app.add_option("--redop", o.redops, "the ops' reduction: sum, avg, or both (alternating)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"sum", "avg", "both"}));
+  app.add_option("--inflight", o.inflight, "ops each worker keeps in flight (at most --buckets)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
+  app.add_option("--buckets", o.buckets,
+                 "buffers each worker reuses, op k in bucket k mod B, of sizes from half of -b "
+                 "up to -b")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
   app.add_option("--job", o.job, "prefix of the job names (default: load-<pid>)");
   app.add_option("--log-level", o.log_level, "log level of the workers and local reducers")
       ->capture_default_str();
+  app.add_option("--netlab", o.netlab_rate,
+                 "run every worker and reducer on a host of its own in a network lab, each "
+                 "link capped both ways at RATE (tc units, e.g. 1gbit; root), the last worker "
+                 "of each job at half of it: results then take milliseconds to reach the "
+                 "workers, and reach one later than the others, as on a real network");
   if (chaos) {
     app.add_option("--kill", o.kill, "what is killed and restarted: reducer or worker")
         ->capture_default_str()
@@ -499,10 +541,30 @@ int load_main(int argc, char** argv) {
   }
   spdlog::set_default_logger(spdlog::stderr_color_mt("tally-bench"));
   spdlog::set_level(spdlog::level::from_str(o.log_level));
+  if (!o.netlab_rate.empty() && !worker) {
+    if (std::string why = netlab_refusal(); !why.empty()) {
+      std::fprintf(stderr, "tally-bench: --netlab: %s\n", why.c_str());
+      return 2;
+    }
+    if (!o.pool.empty()) {
+      std::fprintf(stderr, "tally-bench: --netlab starts its own pool in the lab; drop --pool\n");
+      return 2;
+    }
+  }
+  if (o.inflight > o.buckets) {
+    std::fprintf(stderr,
+                 "--inflight %u needs as many buckets (--buckets %u): an op's bucket is "
+                 "reused only once it has ended\n",
+                 o.inflight, o.buckets);
+    return 2;
+  }
   if (worker) {
     w.bytes = o.bytes;
     w.seconds = o.seconds;
     w.max_ops = o.max_ops;
+    w.redops = o.redops;
+    w.inflight = o.inflight;
+    w.buckets = o.buckets;
     return run_load_worker(w);
   }
   return run_load(o);

@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <string>
 
+#include "tally/protocol/dtype.h"
+
 namespace tally::bench {
 
 struct LoadOptions {
@@ -25,8 +27,15 @@ struct LoadOptions {
   double kill_every_s = 10;
   int64_t op_timeout_ms = 10000;
   uint64_t max_ops = 10'000'000;  // per worker and round: the count bound of the loop
+  // The shape of a worker's ops (LoadWorkerOptions).
+  std::string redops = "both";
+  uint32_t inflight = 4;
+  uint32_t buckets = 8;
   std::string log_level = "warn";
   std::string job;  // prefix of the job names; empty: load-<pid>
+  // A network lab (netlab.h) at this rate, every process on its own host;
+  // empty: loopback.
+  std::string netlab_rate;
 };
 
 // `tally-bench load ...` and `tally-bench chaos ...` (argv[0] is "load" or
@@ -38,17 +47,28 @@ int load_main(int argc, char** argv);
 int run_load(const LoadOptions& options);
 
 // Worker mode (`tally-bench load --worker`): one rank configured by TALLY_*,
-// doing ops `first`, `first` + 1, ... until the time votes say stop, writing
-// one line per op to `out_path` ("<op> ok|wrong|<error code> <microseconds>")
-// and, after a failure, "# <the error>". Exit: 0 (time is up), 3 (a wrong
-// result), 4 (an op or the connect failed: the error is in the file).
+// doing float32 ops `first`, `first` + 1, ... the way DDP does: `inflight`
+// at a time, op k in bucket k mod `buckets` (each bucket a buffer of its own
+// size, reused by every op of its bucket), each op's inputs the pattern of
+// pattern.h with the op's number as its seed, until the time votes say stop.
+// It writes one line per op to `out_path` ("<op> ok|wrong|<error code>
+// <microseconds>"), then after a wrong result "# wrong op <op> (...): <what
+// it is instead>" (explain.h), after a failure "# <the error>". Exit: 0
+// (time is up), 3 (a wrong result), 4 (an op or the connect failed).
 struct LoadWorkerOptions {
-  size_t bytes = 1u << 20;
-  uint64_t first = 0;   // this round's first op number of the run
-  double seconds = 10;  // this rank votes to stop once this much time has passed
+  size_t bytes = 1u << 20;  // the largest bucket's
+  uint64_t first = 0;       // this round's first op number of the run
+  double seconds = 10;      // this rank votes to stop once this much time has passed
   uint64_t max_ops = 10'000'000;
+  std::string redops = "both";  // "sum", "avg", or "both" (load_redop)
+  uint32_t inflight = 4;        // at most `buckets`
+  uint32_t buckets = 8;
   std::string out_path;
 };
 int run_load_worker(const LoadWorkerOptions& options);
+
+// The reduction of op `op` under `redops`: "sum", "avg", or "both" (even
+// ops sum, odd ones average).
+RedOp load_redop(const std::string& redops, uint64_t op);
 
 }  // namespace tally::bench

@@ -171,6 +171,19 @@ Status Netlab::remove() {
   return first;
 }
 
+Status Netlab::set_rate(uint32_t host, const std::string& rate) {
+  const std::string port = "p" + std::to_string(host);
+  for (const auto& [ns, dev] :
+       {std::pair{hosts_[host], std::string("eth0")}, std::pair{lab_, port}}) {
+    const std::vector<std::string> step = {"-n",  ns,       "class", "change",  "dev",
+                                           dev,   "parent", "1:",    "classid", "1:10",
+                                           "htb", "rate",   rate,    "ceil",    rate};
+    CommandResult c = run_command(tc_, step);
+    if (!c.ok()) return Status(ErrorCode::kUnavailable, "tc " + join(step) + ": " + c.output);
+  }
+  return Status::ok();
+}
+
 void Netlab::place(uint32_t host, ProcessSpec& spec) const {
   std::vector<std::string> args = {"netns", "exec", hosts_[host], spec.path};
   args.insert(args.end(), spec.args.begin(), spec.args.end());

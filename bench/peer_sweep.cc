@@ -48,16 +48,18 @@ int run_peer_sweep(const PeerSweep& sweep, const PeerComm& comm, const std::stri
   }
   int exit_code = 0;
   std::string error;
+  uint64_t row = 0;
   for (size_t bytes = sweep.min_bytes; bytes <= sweep.max_bytes;
        bytes = sweep.factor > 1 ? bytes * sweep.factor : bytes + 1) {
     const size_t count = bytes / sizeof(float);
     if (count == 0) continue;
+    const uint64_t seed = row++;  // the row's checked op's inputs (pattern.h)
     bool ok = true;
     size_t wrong = 0;
     if (sweep.check) {
-      fill_pattern(data, count, comm.rank);
+      fill_pattern(data, count, comm.rank, seed);
       ok = comm.allreduce(data, count, &error);
-      if (ok) wrong = count_wrong(data, count, comm.world, RedOp::kSum);
+      if (ok) wrong = count_wrong(data, count, comm.world, RedOp::kSum, seed);
     }
     for (int i = 0; ok && i < sweep.warmup; ++i) ok = comm.allreduce(data, count, &error);
     const auto t0 = std::chrono::steady_clock::now();

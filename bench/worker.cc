@@ -53,13 +53,15 @@ struct Row {
   std::vector<ReducerRow> reducers;
 };
 
+// The checked op of a row: inputs seeded by the row's number (pattern.h),
+// so a result of an earlier row's op does not pass for this one's.
 template <typename T>
-size_t run_check(Client& client, T* data, size_t count, DType dtype, RedOp redop, Status& status,
-                 double relative = 0) {
-  fill_pattern(data, count, client.rank());
+size_t run_check(Client& client, T* data, size_t count, DType dtype, RedOp redop, uint64_t seed,
+                 Status& status, double relative = 0) {
+  fill_pattern(data, count, client.rank(), seed);
   status = client.allreduce(data, count, dtype, redop);
   if (!status) return count;
-  return count_wrong(data, count, client.world_size(), redop, relative);
+  return count_wrong(data, count, client.world_size(), redop, seed, relative);
 }
 
 // TALLY_LINK_RATE as tc writes it ("1gbit"), or "none".
@@ -155,27 +157,31 @@ int run_worker(const SweepOptions& sweep) {
     std::fflush(stdout);
   }
   int exit_code = 0;
+  uint64_t row = 0;
   for (size_t bytes = sweep.min_bytes; bytes <= sweep.max_bytes;
        bytes = sweep.factor > 1 ? bytes * sweep.factor : bytes + 1) {
     const size_t count = bytes / esize;
     if (count == 0) continue;
+    const uint64_t seed = row++;
     Status status;
     size_t wrong = 0;
     if (sweep.check) {
       switch (*dtype) {
         case DType::kFloat32:
           // On the bfloat16 wire the inputs are rounded: checked within its bound.
-          wrong = run_check(client, static_cast<float*>(mem), count, *dtype, *redop, status,
+          wrong = run_check(client, static_cast<float*>(mem), count, *dtype, *redop, seed, status,
                             options->wire_dtype ? kBfloat16WireRelativeError : 0);
           break;
         case DType::kFloat64:
-          wrong = run_check(client, static_cast<double*>(mem), count, *dtype, *redop, status);
+          wrong = run_check(client, static_cast<double*>(mem), count, *dtype, *redop, seed, status);
           break;
         case DType::kInt32:
-          wrong = run_check(client, static_cast<int32_t*>(mem), count, *dtype, *redop, status);
+          wrong =
+              run_check(client, static_cast<int32_t*>(mem), count, *dtype, *redop, seed, status);
           break;
         case DType::kInt64:
-          wrong = run_check(client, static_cast<int64_t*>(mem), count, *dtype, *redop, status);
+          wrong =
+              run_check(client, static_cast<int64_t*>(mem), count, *dtype, *redop, seed, status);
           break;
         default:
           status = Status(ErrorCode::kUnimplemented, "bench cannot check " + sweep.dtype);

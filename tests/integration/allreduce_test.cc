@@ -506,10 +506,10 @@ TEST(Pacing, WorkersCutPiecesByTheSlowestReducerLink) {
     EXPECT_EQ(large.piece_bytes(), rate == "off" ? kPlanMaxPieceBytes : 84 * 1024);
     on_every_rank(kWorld, [&](uint32_t r) {
       std::vector<float> data(256 * 1024);
-      bench::fill_pattern(data.data(), data.size(), r);
+      bench::fill_pattern(data.data(), data.size(), r, 2);  // op 2: after the two plans' ops
       Status s = clients[r]->allreduce(data.data(), data.size(), DType::kFloat32, RedOp::kSum);
       EXPECT_TRUE(s.is_ok()) << s.to_string();
-      EXPECT_EQ(bench::count_wrong(data.data(), data.size(), kWorld, RedOp::kSum), 0u);
+      EXPECT_EQ(bench::count_wrong(data.data(), data.size(), kWorld, RedOp::kSum, 2), 0u);
     });
   }
 }

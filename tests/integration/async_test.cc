@@ -37,7 +37,7 @@ TEST(Async, ManyOpsInFlightEachWithItsCallback) {
     std::atomic<int> called{0};
     for (int i = 0; i < kOps; ++i) {
       data[i].resize(i == 0 ? 0 : 1 + i * 331);
-      bench::fill_pattern(data[i].data(), data[i].size(), r);
+      bench::fill_pattern(data[i].data(), data[i].size(), r, i);
       handles.push_back(clients[r]->allreduce_async(data[i].data(), data[i].size(), DType::kFloat32,
                                                     RedOp::kSum, [&](const Status& s) {
                                                       EXPECT_TRUE(s.is_ok()) << s.to_string();
@@ -49,7 +49,7 @@ TEST(Async, ManyOpsInFlightEachWithItsCallback) {
       Status s = handles[i].wait();
       EXPECT_TRUE(s.is_ok()) << s.to_string();
       EXPECT_TRUE(handles[i].test().has_value());
-      EXPECT_EQ(bench::count_wrong(data[i].data(), data[i].size(), kWorld, RedOp::kSum), 0u)
+      EXPECT_EQ(bench::count_wrong(data[i].data(), data[i].size(), kWorld, RedOp::kSum, i), 0u)
           << "op " << i;
     }
     EXPECT_EQ(called.load(), kOps);
@@ -62,8 +62,8 @@ TEST(Async, WaitForGivesUpAndTestDoesNotBlockWhileARankIsMissing) {
   auto clients = connect_all(cluster, "async-wait", 2);
   ASSERT_EQ(clients.size(), 2u);
   std::vector<double> a(1000), b(1000);
-  bench::fill_pattern(a.data(), a.size(), 0);
-  bench::fill_pattern(b.data(), b.size(), 1);
+  bench::fill_pattern(a.data(), a.size(), 0, 0);
+  bench::fill_pattern(b.data(), b.size(), 1, 0);
   OpHandle h = clients[0]->allreduce_async(a.data(), a.size(), DType::kFloat64, RedOp::kAverage);
   EXPECT_FALSE(h.test().has_value());
   EXPECT_FALSE(h.wait_for(milliseconds(200)).has_value());  // rank 1 has not contributed
@@ -71,7 +71,7 @@ TEST(Async, WaitForGivesUpAndTestDoesNotBlockWhileARankIsMissing) {
   auto s = h.wait_for(milliseconds(10000));
   ASSERT_TRUE(s.has_value());
   EXPECT_TRUE(s->is_ok()) << s->to_string();
-  EXPECT_EQ(bench::count_wrong(a.data(), a.size(), 2, RedOp::kAverage), 0u);
+  EXPECT_EQ(bench::count_wrong(a.data(), a.size(), 2, RedOp::kAverage, 0), 0u);
   EXPECT_EQ(a, b);
 }
 
@@ -111,13 +111,16 @@ TEST(Async, FusedBucketsMatchTheClosedFormAndTakeOneOpPerGroup) {
     std::vector<BufferRef> refs;
     for (size_t n : counts) {
       data.emplace_back(n);
-      bench::fill_pattern(data.back().data(), n, r);
+      bench::fill_pattern(data.back().data(), n, r, data.size());  // a seed per buffer
     }
     for (auto& d : data) refs.push_back({d.data(), d.size()});
     OpHandle h = clients[r]->allreduce_fused_async(refs, DType::kInt32, RedOp::kSum, 4000);
     EXPECT_EQ(h.op(), 0u);
     ASSERT_TRUE(h.wait().is_ok());
-    for (auto& d : data) EXPECT_EQ(bench::count_wrong(d.data(), d.size(), kWorld, RedOp::kSum), 0u);
+    for (size_t i = 0; i < data.size(); ++i) {
+      EXPECT_EQ(bench::count_wrong(data[i].data(), data[i].size(), kWorld, RedOp::kSum, i + 1), 0u)
+          << "buffer " << i;
+    }
     // The next op number shows how many the fused call took.
     std::vector<int32_t> one(1, 1);
     OpHandle next = clients[r]->allreduce_async(one.data(), 1, DType::kInt32, RedOp::kSum);

@@ -21,6 +21,7 @@
 #include "harness.h"
 #include "raw_peer.h"
 #include "tally.pb.h"
+#include "tally/bench/explain.h"
 #include "tally/bench/pattern.h"
 #include "tally/client/client.h"
 #include "tally/protocol/frame.h"
@@ -79,10 +80,12 @@ std::unique_ptr<RawPeer> restart_and_resume(TestCluster& cluster, wire::Control 
   return peer;
 }
 
-// Every rank keeps `depth` ops in flight, op i of `floats(i)` elements,
-// while the reducers are SIGKILLed and restarted `kills` times (spread over
-// the ops, taking `victims` (pool indices) in turn): every op must end well,
-// its sum exact, and a reducer must have logged a resume.
+// Every rank keeps `depth` ops in flight the way DDP does, op i of
+// `floats(i)` elements in buffer i mod 2 x depth (reused), summed when i is
+// even and averaged when odd, while the reducers are SIGKILLed and
+// restarted `kills` times (spread over the ops, taking `victims` (pool
+// indices) in turn): every op must end well with its own exact result, and
+// a reducer must have logged a resume.
 void train_through_kills(TestCluster& cluster, std::vector<std::unique_ptr<Client>>& clients,
                          int ops, size_t depth, const std::function<size_t(int)>& floats, int kills,
                          const std::vector<uint32_t>& victims = {0, 1}) {
@@ -97,22 +100,29 @@ void train_through_kills(TestCluster& cluster, std::vector<std::unique_ptr<Clien
       EXPECT_TRUE(cluster.restart_reducer(victim).is_ok());
     }
   });
+  auto redop_of = [](uint64_t i) { return i % 2 ? RedOp::kAverage : RedOp::kSum; };
   on_every_rank(world, [&](uint32_t r) {
-    std::deque<std::pair<std::vector<float>, OpHandle>> inflight;
+    std::vector<std::vector<float>> buffers(2 * depth);
+    std::deque<std::pair<uint64_t, OpHandle>> inflight;  // (op, its handle)
     auto end_oldest = [&] {
-      auto& [data, handle] = inflight.front();
+      auto& [i, handle] = inflight.front();
       const auto s = handle.wait_for(30s);
-      ASSERT_TRUE(s.has_value()) << "op " << handle.op().value_or(0) << " still in flight";
-      EXPECT_TRUE(s->is_ok()) << "op " << handle.op().value_or(0) << ": " << s->to_string();
-      EXPECT_EQ(bench::count_wrong(data.data(), data.size(), world, RedOp::kSum), 0u)
-          << "op " << handle.op().value_or(0);
+      ASSERT_TRUE(s.has_value()) << "op " << i << " still in flight";
+      EXPECT_TRUE(s->is_ok()) << "op " << i << ": " << s->to_string();
+      const std::vector<float>& data = buffers[i % buffers.size()];
+      EXPECT_EQ(
+          bench::explain_wrong(data.data(), data.size(), {r, world, redop_of(i), i}, 4, redop_of),
+          "")
+          << "op " << i;
       inflight.pop_front();
       if (r == 0) finished++;
     };
-    for (int i = 0; i < ops; ++i) {
-      auto& [data, handle] = inflight.emplace_back(std::vector<float>(floats(i)), OpHandle());
-      bench::fill_pattern(data.data(), data.size(), r);
-      handle = clients[r]->allreduce_async(data.data(), data.size(), DType::kFloat32, RedOp::kSum);
+    for (uint64_t i = 0; i < static_cast<uint64_t>(ops); ++i) {
+      std::vector<float>& data = buffers[i % buffers.size()];
+      data.resize(floats(static_cast<int>(i)));
+      bench::fill_pattern(data.data(), data.size(), r, i);
+      inflight.emplace_back(
+          i, clients[r]->allreduce_async(data.data(), data.size(), DType::kFloat32, redop_of(i)));
       if (inflight.size() >= depth) end_oldest();
     }
     while (!inflight.empty()) end_oldest();

@@ -1,6 +1,7 @@
 // tally-test-worker: one rank of an integration test. Configured by TALLY_*
 // like a training process; runs --ops all-reduces of --count elements with
-// the closed-form pattern of tally/bench/pattern.h and checks every result.
+// the closed-form pattern of tally/bench/pattern.h (seeded by the op's
+// number) and checks every result.
 //
 // --counts cycles op sizes over one buffer (op i uses the (i mod n)-th), so
 // the same memory carries ops of several sizes. With --keep-going a failed
@@ -68,20 +69,22 @@ tally::Result<bool> agree_to_stop(tally::Client& client, const std::string& stop
   return flag > 0;
 }
 
-// A fraction unique per rank and element; 1/(1 + k) for k < 97 is not
+// A fraction unique per rank and element, and different from op to op
+// (97 is prime: any 97 consecutive ops differ at every element), so that a
+// result left from another op does not pass; 1/(1 + k) for k < 97 is not
 // exact in binary, so sums depend on their order.
-double noisy_value(uint32_t rank, uint64_t i) {
-  return 1.0 / static_cast<double>(1 + (uint64_t{rank} * 131 + i * 7) % 97) +
+double noisy_value(uint32_t rank, uint64_t op, uint64_t i) {
+  return 1.0 / static_cast<double>(1 + (uint64_t{rank} * 131 + i * 7 + op * 11) % 97) +
          static_cast<double>(rank % 5);
 }
 
 // Elements that are off from the exact sum by more than rounding allows.
 template <typename T>
-size_t count_noisy_wrong(const T* data, uint64_t count, uint32_t world, bool average) {
+size_t count_noisy_wrong(const T* data, uint64_t count, uint32_t world, bool average, uint64_t op) {
   size_t wrong = 0;
   for (uint64_t i = 0; i < count; ++i) {
     double exact = 0;
-    for (uint32_t r = 0; r < world; ++r) exact += static_cast<T>(noisy_value(r, i));
+    for (uint32_t r = 0; r < world; ++r) exact += static_cast<T>(noisy_value(r, op, i));
     if (average) exact /= world;
     const double tolerance =
         std::abs(exact) * world * 4 * std::numeric_limits<T>::epsilon() + 1e-30;
@@ -114,14 +117,14 @@ struct SixteenBit {
 // bfloat16 as a bfloat16 tensor's caller would, and widens the bfloat16
 // result exactly.
 template <typename Result>
-size_t count_16bit_wrong(Result result, uint64_t count, uint32_t world, bool average,
+size_t count_16bit_wrong(Result result, uint64_t count, uint32_t world, bool average, uint64_t op,
                          const SixteenBit& t) {
   size_t wrong = 0;
   for (uint64_t i = 0; i < count; ++i) {
     double exact = 0;
     double magnitude = 0;
     for (uint32_t r = 0; r < world; ++r) {
-      const double x = t.widen(t.narrow(static_cast<float>(noisy_value(r, i))));
+      const double x = t.widen(t.narrow(static_cast<float>(noisy_value(r, op, i))));
       exact += x;
       magnitude += std::abs(x);
     }
@@ -161,11 +164,13 @@ int run(tally::Client& client, tally::DType dtype, tally::RedOp redop, const Pla
       std::this_thread::sleep_for(std::chrono::milliseconds(stall_ms));
     if constexpr (std::is_same_v<T, uint16_t>) {
       for (uint64_t i = 0; i < count; ++i)
-        data[i] = sixteen.narrow(static_cast<float>(noisy_value(client.rank(), i)));
+        data[i] = sixteen.narrow(static_cast<float>(noisy_value(client.rank(), op, i)));
     } else if (plan.noisy || plan.wire_bf16) {
-      for (uint64_t i = 0; i < count; ++i) data[i] = static_cast<T>(noisy_value(client.rank(), i));
+      for (uint64_t i = 0; i < count; ++i) {
+        data[i] = static_cast<T>(noisy_value(client.rank(), op, i));
+      }
     } else {
-      tally::bench::fill_pattern(data.data(), count, client.rank());
+      tally::bench::fill_pattern(data.data(), count, client.rank(), op);
     }
     const auto t0 = std::chrono::steady_clock::now();
     Status s = client.allreduce(data.data(), count, dtype, redop);
@@ -187,10 +192,10 @@ int run(tally::Client& client, tally::DType dtype, tally::RedOp redop, const Pla
     size_t wrong = 0;
     if constexpr (std::is_same_v<T, uint16_t>) {
       wrong = count_16bit_wrong([&](uint64_t i) { return sixteen.widen(data[i]); }, count,
-                                client.world_size(), average, sixteen);
+                                client.world_size(), average, op, sixteen);
     } else if (plan.wire_bf16) {
       wrong = count_16bit_wrong([&](uint64_t i) { return static_cast<double>(data[i]); }, count,
-                                client.world_size(), average, sixteen);
+                                client.world_size(), average, op, sixteen);
       // A bfloat16 result has its low 16 bits zero; the float32 sums of
       // noisy inputs have them set in most elements.
       if constexpr (std::is_same_v<T, float>) {
@@ -208,8 +213,8 @@ int run(tally::Client& client, tally::DType dtype, tally::RedOp redop, const Pla
       }
     } else {
       wrong = plan.noisy
-                  ? count_noisy_wrong(data.data(), count, client.world_size(), average)
-                  : tally::bench::count_wrong(data.data(), count, client.world_size(), redop);
+                  ? count_noisy_wrong(data.data(), count, client.world_size(), average, op)
+                  : tally::bench::count_wrong(data.data(), count, client.world_size(), redop, op);
     }
     if (wrong) {
       std::printf("wrong op %d: %zu of %llu elements\n", op, wrong,

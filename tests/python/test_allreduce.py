@@ -15,8 +15,8 @@ COUNTS = [0, 1, 257, 9477]
 DTYPES = ["float32", "float64", "int32", "int64"]
 
 
-def expected(dtype, op, count):
-    s = pattern_sum(WORLD, count)
+def expected(dtype, op, count, seed):
+    s = pattern_sum(WORLD, count, seed)
     if op == "sum":
         return s.astype(dtype)
     if dtype.startswith("float"):
@@ -32,8 +32,8 @@ def test_every_rank_gets_the_closed_form(pool, dtype, op, kind):
 
     def run(rank, client):
         out = []
-        for count in COUNTS:
-            a = pattern(rank, count).astype(dtype)
+        for seed, count in enumerate(COUNTS):
+            a = pattern(rank, count, seed).astype(dtype)
             buf = torch.from_numpy(a.copy()) if kind == "torch" else a.copy()
             returned = client.allreduce(buf, op=op)
             assert returned is buf  # in place
@@ -42,8 +42,9 @@ def test_every_rank_gets_the_closed_form(pool, dtype, op, kind):
 
     results = on_every_rank(clients, run)
     for rank in range(WORLD):
-        for count, got in zip(COUNTS, results[rank]):
-            np.testing.assert_array_equal(got, expected(dtype, op, count), err_msg="rank %d" % rank)
+        for seed, (count, got) in enumerate(zip(COUNTS, results[rank])):
+            np.testing.assert_array_equal(got, expected(dtype, op, count, seed),
+                                          err_msg="rank %d" % rank)
     for c in clients:
         c.close()
 
@@ -55,13 +56,14 @@ def test_views_and_slices_write_in_place(pool):
     def run(rank, client):
         whole = torch.zeros(3000, dtype=torch.float32)
         part = whole[1000:2000]
-        part.copy_(torch.from_numpy(pattern(rank, 1000).astype(np.float32)))
+        part.copy_(torch.from_numpy(pattern(rank, 1000, 0).astype(np.float32)))
         client.allreduce(part)
         return whole
 
     for whole in on_every_rank(clients, run):
         assert torch.count_nonzero(whole[:1000]) == 0 and torch.count_nonzero(whole[2000:]) == 0
-        np.testing.assert_array_equal(whole[1000:2000].numpy(), pattern_sum(2, 1000).astype(np.float32))
+        np.testing.assert_array_equal(whole[1000:2000].numpy(),
+                                      pattern_sum(2, 1000, 0).astype(np.float32))
     for c in clients:
         c.close()
 
@@ -71,7 +73,7 @@ def test_fused_small_tensors_match_the_closed_form(pool):
     counts = [5, 100, 0, 3000, 17, 1]
 
     def run(rank, client):
-        tensors = [torch.from_numpy(pattern(rank, n).astype(np.float64)) for n in counts]
+        tensors = [torch.from_numpy(pattern(rank, n, k).astype(np.float64)) for k, n in enumerate(counts)]
         # 4-byte... 8-byte elements, 2048-byte threshold: [5, 100] fused,
         # 3000 alone, [17, 1] fused: three ops, then the next op is number 3.
         client.allreduce_fused(tensors, op="sum", fuse_bytes=2048)
@@ -81,8 +83,8 @@ def test_fused_small_tensors_match_the_closed_form(pool):
 
     for tensors, next_op in on_every_rank(clients, run):
         assert next_op == 3
-        for n, t in zip(counts, tensors):
-            np.testing.assert_array_equal(t.numpy(), pattern_sum(2, n).astype(np.float64))
+        for k, (n, t) in enumerate(zip(counts, tensors)):
+            np.testing.assert_array_equal(t.numpy(), pattern_sum(2, n, k).astype(np.float64))
     for c in clients:
         c.close()
 

@@ -27,7 +27,7 @@ def test_many_ops_in_flight_end_in_any_order(pool):
             with lock:
                 seen.append(error)
 
-        tensors = [torch.from_numpy(pattern(rank, n).astype(np.float32)) for n in sizes]
+        tensors = [torch.from_numpy(pattern(rank, n, k).astype(np.float32)) for k, n in enumerate(sizes)]
         handles = [client.allreduce_async(t, "sum", callback=cb) for t in tensors]
         assert [h.op for h in handles] == list(range(len(sizes)))
         for h, t in reversed(list(zip(handles, tensors))):
@@ -40,8 +40,8 @@ def test_many_ops_in_flight_end_in_any_order(pool):
         return tensors
 
     for tensors in on_every_rank(clients, run):
-        for n, t in zip(sizes, tensors):
-            np.testing.assert_array_equal(t.numpy(), pattern_sum(2, n).astype(np.float32))
+        for k, (n, t) in enumerate(zip(sizes, tensors)):
+            np.testing.assert_array_equal(t.numpy(), pattern_sum(2, n, k).astype(np.float32))
     for c in clients:
         c.close()
 
@@ -65,14 +65,14 @@ def test_wait_timeout_while_a_rank_is_missing(pool):
 
 def test_dropped_handle_keeps_the_tensor_alive_until_the_op_ends(pool):
     a, b = connect(pool.address, new_job("keepalive"), 2)
-    t = torch.from_numpy(pattern(0, 4000).astype(np.float32))
+    t = torch.from_numpy(pattern(0, 4000, 0).astype(np.float32))
     ref = weakref.ref(t)
     done = threading.Event()
     a.allreduce_async(t, "sum", callback=lambda error: done.set())
     del t
     gc.collect()
     assert ref() is not None, "the op must hold its tensor"
-    b.allreduce(torch.from_numpy(pattern(1, 4000).astype(np.float32)), "sum")
+    b.allreduce(torch.from_numpy(pattern(1, 4000, 0).astype(np.float32)), "sum")
     assert done.wait(30)
     deadline = time.monotonic() + 10
     while ref() is not None and time.monotonic() < deadline:

@@ -44,6 +44,30 @@ def start_training(pool, args):
         raise
 
 
+# Parameters after training with tally and with gloo differ by summation
+# order only: about 1e-7 relative after 8 steps here (every rank's gradient
+# summed in another order). A corrupted bucket (a piece averaged twice, a
+# result of another op) moves them by 1e-3 and more. The tolerance sits
+# between the two.
+RTOL, ATOL = 1e-5, 1e-6
+
+
+def assert_same_parameters(ours, theirs):
+    """Every parameter within RTOL/ATOL of gloo's; the message names the largest difference."""
+    assert ours.keys() == theirs.keys()
+    worst, where = 0.0, None
+    for name in theirs:
+        excess = ((ours[name] - theirs[name]).abs() - RTOL * theirs[name].abs()).max().item()
+        if where is None or excess > worst:
+            diff = (ours[name] - theirs[name]).abs()
+            i = int(diff.argmax())
+            worst, where = excess, (name, diff.max().item(), theirs[name].flatten()[i].item())
+    name, largest, value = where
+    assert worst <= ATOL, ("parameters differ from gloo's beyond summation order: %s by %.3g "
+                           "(gloo's value %.6g; tolerance rtol %g, atol %g)"
+                           % (name, largest, value, RTOL, ATOL))
+
+
 def test_tally_hook_trains_to_the_same_parameters_as_gloo(tmp_path):
     params = {}
     for backend in ("tally", "gloo"):
@@ -53,10 +77,7 @@ def test_tally_hook_trains_to_the_same_parameters_as_gloo(tmp_path):
         assert r.returncode == 0, r.stdout + r.stderr
         assert "mean_loss   4" in r.stdout, r.stdout
         params[backend] = torch.load(out)
-    assert params["tally"].keys() == params["gloo"].keys()
-    for name in params["gloo"]:
-        torch.testing.assert_close(params["tally"][name], params["gloo"][name], rtol=1e-5, atol=1e-6,
-                                   msg=name)
+    assert_same_parameters(params["tally"], params["gloo"])
 
 
 def test_training_survives_a_reducer_restart_with_gloos_parameters(tmp_path):
@@ -76,9 +97,7 @@ def test_training_survives_a_reducer_restart_with_gloos_parameters(tmp_path):
                 proc.wait()
         assert proc.returncode == 0, rest + err
         assert "resumed" in pool.log(1), pool.log(1)
-    ours, theirs = torch.load(out), torch.load(gloo)
-    for name in theirs:
-        torch.testing.assert_close(ours[name], theirs[name], rtol=1e-5, atol=1e-6, msg=name)
+    assert_same_parameters(torch.load(out), torch.load(gloo))
 
 
 def test_killed_reducer_that_does_not_come_back_raises_from_backward(tmp_path):

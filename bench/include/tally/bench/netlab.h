@@ -74,6 +74,10 @@ class Netlab {
   // PMIx server).
   static std::string lab_address() { return "10.233.255.254"; }
 
+  // Sets host's link, both ways, to `rate` (tc units) instead of the lab's.
+  // Errors: the failing tc command and its output.
+  Status set_rate(uint32_t host, const std::string& rate);
+
   // Makes `spec` run inside host's namespace (ip netns exec, which execs
   // in place: the child's pid is the program's).
   void place(uint32_t host, ProcessSpec& spec) const;
