@@ -1,6 +1,7 @@
 #include "tally/bench/explain.h"
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "tally/bench/pattern.h"
@@ -14,6 +15,13 @@ struct Candidate {
   std::function<float(uint64_t)> value;
 };
 
+// Whether `got` is `candidate`, within the rounding of a float32 sum in
+// another order (a candidate made of fractions is not summed as the
+// reducer did).
+bool same(float got, float candidate) {
+  return std::abs(static_cast<double>(got) - candidate) <= 1e-6 * std::abs(candidate);
+}
+
 }  // namespace
 
 std::string explain_wrong(const float* data, size_t count, const PatternOp& op, uint64_t window,
@@ -24,13 +32,13 @@ std::string explain_wrong(const float* data, size_t count, const PatternOp& op, 
     if (data[i] != sums.expected<float>(op.redop, i)) wrong.push_back(i);
   }
   if (wrong.empty()) return "";
-  const std::string w = std::to_string(op.world_size);
+  const uint32_t w = op.world_size;
   std::vector<Candidate> candidates;
   if (op.redop == RedOp::kAverage) {
-    candidates.push_back({"the average divided by " + w + " again", [&](uint64_t i) {
-                            return sums.expected<float>(RedOp::kAverage, i) /
-                                   static_cast<float>(op.world_size);
-                          }});
+    candidates.push_back(
+        {"the average divided by " + std::to_string(w) + " again", [&](uint64_t i) {
+           return sums.expected<float>(RedOp::kAverage, i) / static_cast<float>(op.world_size);
+         }});
     candidates.push_back({"the sum, not averaged",
                           [&](uint64_t i) { return sums.expected<float>(RedOp::kSum, i); }});
   } else {
@@ -40,6 +48,27 @@ std::string explain_wrong(const float* data, size_t count, const PatternOp& op, 
   candidates.push_back({"this rank's input, not reduced", [&](uint64_t i) {
                           return static_cast<float>(pattern_value(op.rank, op.seed, i));
                         }});
+  // A result that ranks' buffers held where their inputs should have been
+  // (a partial result sent again as a contribution): the other ranks'
+  // inputs and that result, reduced. Every set of ranks up to 8 ranks,
+  // one rank at a time beyond.
+  const uint64_t sets = w <= 8 ? (uint64_t{1} << w) : w + 1;
+  for (uint64_t set = 1; set < sets; ++set) {
+    std::vector<uint32_t> ranks;
+    for (uint32_t r = 0; r < w; ++r) {
+      if (w <= 8 ? (set >> r) & 1 : r + 1 == set) ranks.push_back(r);
+    }
+    std::string names;
+    for (uint32_t r : ranks) names += (names.empty() ? "" : ", ") + std::to_string(r);
+    candidates.push_back({"the result summed in again in place of the input of rank" +
+                              std::string(ranks.size() > 1 ? "s " : " ") + names,
+                          [&, ranks](uint64_t i) {
+                            const double result = sums.expected<float>(op.redop, i);
+                            double sum = static_cast<double>(sums.sum(i));
+                            for (uint32_t r : ranks) sum += result - pattern_value(r, op.seed, i);
+                            return static_cast<float>(op.redop == RedOp::kAverage ? sum / w : sum);
+                          }});
+  }
   // Other ops' results, nearest first; reserved, so the pointers stay.
   std::vector<PatternSums> others;
   others.reserve(2 * window);
@@ -56,7 +85,7 @@ std::string explain_wrong(const float* data, size_t count, const PatternOp& op, 
   size_t best = 0, best_matches = 0;
   for (size_t c = 0; c < candidates.size(); ++c) {
     size_t matches = 0;
-    for (uint64_t i : wrong) matches += data[i] == candidates[c].value(i);
+    for (uint64_t i : wrong) matches += same(data[i], candidates[c].value(i));
     if (matches > best_matches) {
       best = c;
       best_matches = matches;

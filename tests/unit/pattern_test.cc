@@ -84,6 +84,29 @@ TEST(Explain, NamesWhatAWrongResultIsInstead) {
   EXPECT_EQ(explain_wrong(input.data(), n, op, 4, alternating),
             "2000 of 2000 elements wrong (elements 0..1999), each this rank's input, not reduced");
 
+  // Rank 1's buffer held part of the result where its input was, and it
+  // was summed in again there.
+  std::vector<float> again = right;
+  const PatternSums sums(w, 7);
+  for (size_t i = 100; i < 300; ++i) {
+    again[i] = (sums.sum(i) - pattern_value(1, 7, i) + right[i]) / static_cast<float>(w);
+  }
+  EXPECT_EQ(explain_wrong(again.data(), n, op, 4, alternating),
+            "200 of 2000 elements wrong (elements 100..299), each the result summed in again in "
+            "place of the input of rank 1; the rest right");
+  // Ranks 1 and 3 held it, in a sum.
+  const PatternOp summed{.rank = 2, .world_size = w, .redop = RedOp::kSum, .seed = 7};
+  for (size_t i = 0; i < n; ++i) {
+    if (i < 100 || i >= 300)
+      again[i] = static_cast<float>(sums.sum(i));
+    else
+      again[i] = static_cast<float>(sums.sum(i)) * 3 -
+                 static_cast<float>(pattern_value(1, 7, i) + pattern_value(3, 7, i));
+  }
+  EXPECT_EQ(explain_wrong(again.data(), n, summed, 4, alternating),
+            "200 of 2000 elements wrong (elements 100..299), each the result summed in again in "
+            "place of the input of ranks 1, 3; the rest right");
+
   // Something else entirely.
   std::vector<float> odd = right;
   odd[3] = -1;

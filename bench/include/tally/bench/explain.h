@@ -21,10 +21,11 @@ struct PatternOp {
 };
 
 // "" when `data` is `op`'s right result. Otherwise how many elements are
-// wrong and where, and what the most of them match: the result of another
-// op within `window` seeds (its reduction given by `redop_of`), the average
-// divided by W again, the sum where the average was asked (or the other
-// way), this rank's own input, or nothing known.
+// wrong and where, and what the most of them match (within float32
+// rounding): the result of another op within `window` seeds (its reduction
+// given by `redop_of`), the average divided by W again, the sum where the
+// average was asked (or the other way), this rank's own input, the result
+// summed in again in place of one rank's input, or nothing known.
 std::string explain_wrong(const float* data, size_t count, const PatternOp& op, uint64_t window,
                           const std::function<RedOp(uint64_t seed)>& redop_of);
 
