@@ -181,6 +181,44 @@ Status set_client_option(ClientOptions& o, std::string_view name, std::string_vi
                                                  "' (the TALLY_* names of docs/configuration.md)");
 }
 
+Status apply_environment(ClientOptions& o, std::set<std::string>& given) {
+  // One parser for every name; the later of two names for one option wins
+  // (TALLY_FABRIC_PROVIDER over FI_PROVIDER).
+  for (std::string_view name : client_option_names()) {
+    const char* value = std::getenv(std::string(name).c_str());
+    if (!value || !*value) continue;
+    TALLY_RETURN_IF_ERROR(set_client_option(o, name, value));
+    given.insert(std::string(name));
+  }
+  auto env = [](const char* name) -> std::string {
+    const char* v = std::getenv(name);
+    return v ? v : "";
+  };
+  // A launcher's variables, for what TALLY_* leaves unset.
+  for (auto [option, launcher] :
+       {std::pair{"TALLY_RANK", "RANK"}, std::pair{"TALLY_WORLD_SIZE", "WORLD_SIZE"}}) {
+    if (given.count(option) || env(launcher).empty()) continue;
+    TALLY_RETURN_IF_ERROR(
+        set_client_option(o, option, env(launcher))
+            .with_context(std::string(launcher) + " (the launcher's, for " + option + ")"));
+    given.insert(option);
+  }
+  if (!given.count("TALLY_JOB") && !env("TORCHELASTIC_RUN_ID").empty()) {
+    const std::string restart = env("TORCHELASTIC_RESTART_COUNT");
+    o.job = env("TORCHELASTIC_RUN_ID") + "-" + (restart.empty() ? "0" : restart);
+    given.insert("TALLY_JOB");
+  }
+  return Status::ok();
+}
+
+std::vector<std::string> missing_required(const std::set<std::string>& given) {
+  std::vector<std::string> missing;
+  for (const char* name : {"TALLY_POOL", "TALLY_JOB", "TALLY_RANK", "TALLY_WORLD_SIZE"}) {
+    if (!given.count(name)) missing.emplace_back(name);
+  }
+  return missing;
+}
+
 Result<std::string> validated_congestion_control(const ClientOptions& o) {
   auto bad = [](std::string m) { return Status(ErrorCode::kInvalidArgument, std::move(m)); };
   if (o.pool.empty()) return bad("the pool is empty (set TALLY_POOL to host:port,...)");
@@ -249,24 +287,16 @@ Status validate(const ClientOptions& o) { return validated_congestion_control(o)
 
 Result<ClientOptions> client_options_from_env() {
   ClientOptions o;
-  // One parser for every name (option_names.h); the later of two names for
-  // one option wins (TALLY_FABRIC_PROVIDER over FI_PROVIDER).
-  for (std::string_view name : client_option_names()) {
-    const char* value = std::getenv(std::string(name).c_str());
-    if (value) TALLY_RETURN_IF_ERROR(set_client_option(o, name, value));
-  }
-  auto is_set = [](const char* name) {
-    const char* v = std::getenv(name);
-    return v && *v;
-  };
-  if (!is_set("TALLY_POOL")) {
-    return Status(ErrorCode::kInvalidArgument,
-                  "TALLY_POOL is not set (host:port,... in (group, shard) order)");
-  }
-  for (const char* required : {"TALLY_JOB", "TALLY_RANK", "TALLY_WORLD_SIZE"}) {
-    if (!is_set(required)) {
-      return Status(ErrorCode::kInvalidArgument, std::string(required) + " is not set");
-    }
+  std::set<std::string> given;
+  TALLY_RETURN_IF_ERROR(apply_environment(o, given));
+  const std::vector<std::string> missing = missing_required(given);
+  if (!missing.empty()) {
+    const std::string& name = missing.front();
+    const std::string what = name == "TALLY_POOL"   ? " (host:port,... in (group, shard) order)"
+                             : name == "TALLY_JOB"  ? " (nor torchrun's TORCHELASTIC_RUN_ID)"
+                             : name == "TALLY_RANK" ? " (nor a launcher's RANK)"
+                                                    : " (nor a launcher's WORLD_SIZE)";
+    return Status(ErrorCode::kInvalidArgument, name + " is not set" + what);
   }
   TALLY_RETURN_IF_ERROR(validate(o));
   return o;

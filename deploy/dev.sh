@@ -18,7 +18,7 @@ PACKAGES=(
   libssl-dev
   # The Python module, the DDP hook and their tests: Debian's torch is seen by
   # /usr/bin/python3 only; pip builds the package with setuptools + CMake.
-  python3-torch python3-numpy python3-pybind11 pybind11-dev python3-pytest
+  python3-torch python3-numpy python3-pytest
   python3-pip python3-setuptools python3-wheel python3-venv
   # Metrics over HTTP; the chart checks (python3-yaml, helm unzipped from npm).
   prometheus-cpp-dev python3-yaml unzip

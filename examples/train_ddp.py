@@ -1,18 +1,34 @@
 #!/usr/bin/env python3
 """Data-parallel training with PyTorch DDP, gradients averaged by a tally
-pool (the default) or by gloo (--backend gloo), for comparison.
+pool or by gloo, for comparison.
 
     /usr/bin/python3 examples/train_ddp.py --world-size 4 --steps 20
     /usr/bin/python3 examples/train_ddp.py --world-size 4 --steps 20 --backend gloo
 
-W worker processes (torch.multiprocessing.spawn) train an MLP on a generated
-classification set (a fixed random "teacher" network labels Gaussian
-inputs), same seed everywhere. With tally, the example starts a local pool
-of --shards tally-reducer processes (found by --reducer, $TALLY_REDUCER or
-PATH) unless --pool or $TALLY_POOL names one. DDP itself runs on gloo (its
-initial parameter broadcast); only the gradient all-reduce goes through the
-hook. Rank 0 prints its loss and time per step as it goes, then the mean
-loss over ranks per step, and writes --json / --save-params if asked.
+--backend picks who averages the gradients:
+    tally       the tally DDP hook, beside a gloo process group (the default)
+    tally-bf16  the same on the bfloat16 wire (TALLY_WIRE_DTYPE=bfloat16)
+    tally-pg    init_process_group("tally"): no hook, DDP's own all-reduce
+    gloo        gloo's all-reduce
+    gloo-fp16   gloo with DDP's fp16_compress_hook (16-bit values on the wire)
+    none        no communication at all: each rank keeps its own gradients
+                (the step time's floor)
+
+--model mlp (small, the default) or transformer (an nn.TransformerEncoder
+language model; --layers, --d-model, --vocab size it: the defaults make 29M
+parameters, about 117 MB of float32 gradients). --device cuda puts the model
+on the GPU (ranks share cuda:0 when there is one GPU); its buckets then go
+through pinned host memory (tally.staging). --stage-host sends CPU buckets
+through that same staging pipeline (tally.staging.HostCopier): the tests'
+way to run the CUDA path where no GPU is.
+
+Ranks: with RANK and WORLD_SIZE in the environment (torchrun, Kubeflow's
+PyTorchJob, tally-bench run) this process is one rank and rendezvous is
+env:// (MASTER_ADDR, MASTER_PORT); otherwise it spawns --world-size ranks
+itself (torch.multiprocessing, a file rendezvous). The tally modes use
+TALLY_POOL if set, else --pool, else a local pool of --shards reducers it
+starts itself. Rank 0 prints its loss and time per step as it goes, then
+the mean loss over ranks per step, and writes --json / --save-params.
 """
 
 import argparse
@@ -30,24 +46,35 @@ from torch import nn
 
 import tally
 import tally.pool
+import tally.staging
 import tally.torch
+
+BACKENDS = ["tally", "tally-bf16", "tally-pg", "gloo", "gloo-fp16", "none"]
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--backend", choices=["tally", "gloo"], default="tally")
+    p.add_argument("--backend", choices=BACKENDS, default="tally")
     p.add_argument("--world-size", type=int, default=4)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--batch-size", type=int, default=256, help="global batch, split over ranks")
-    p.add_argument("--features", type=int, default=64)
-    p.add_argument("--hidden", type=int, default=512)
-    p.add_argument("--classes", type=int, default=10)
+    p.add_argument("--model", choices=["mlp", "transformer"], default="mlp")
+    p.add_argument("--features", type=int, default=64, help="mlp: inputs")
+    p.add_argument("--hidden", type=int, default=512, help="mlp: hidden width")
+    p.add_argument("--classes", type=int, default=10, help="mlp: outputs")
+    p.add_argument("--layers", type=int, default=4, help="transformer: encoder layers")
+    p.add_argument("--d-model", type=int, default=512, help="transformer: width")
+    p.add_argument("--vocab", type=int, default=16000, help="transformer: tokens")
+    p.add_argument("--seq-len", type=int, default=32, help="transformer: tokens per sample")
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP's bucket size")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--stage-host", action="store_true",
+                   help="tally modes: stage CPU buckets as CUDA ones are (tally.staging)")
     p.add_argument("--shards", type=int, default=2, help="reducers of the local pool")
     p.add_argument("--reducer", help="tally-reducer binary for the local pool")
-    p.add_argument("--pool", default=os.environ.get("TALLY_POOL"), help="use this pool (host:port,...)")
+    p.add_argument("--pool", help="use this pool (host:port,...) (TALLY_POOL wins)")
     p.add_argument("--op-timeout-ms", type=int, default=10000)
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     p.add_argument("--json", help="write losses and step times here (rank 0)")
@@ -55,7 +82,26 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
+class TinyLM(nn.Module):
+    """A causal-free transformer encoder language model: embeddings, L
+    encoder layers, an output projection tied to nothing (so its gradient
+    is a bucket of its own)."""
+
+    def __init__(self, args):
+        super().__init__()
+        self.embed = nn.Embedding(args.vocab, args.d_model)
+        layer = nn.TransformerEncoderLayer(args.d_model, nhead=8, dim_feedforward=4 * args.d_model,
+                                           dropout=0.0, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, args.layers)
+        self.out = nn.Linear(args.d_model, args.vocab)
+
+    def forward(self, tokens):
+        return self.out(self.encoder(self.embed(tokens)))
+
+
 def make_model(args):
+    if args.model == "transformer":
+        return TinyLM(args)
     return nn.Sequential(
         nn.Linear(args.features, args.hidden), nn.ReLU(),
         nn.Linear(args.hidden, args.hidden), nn.ReLU(),
@@ -64,24 +110,57 @@ def make_model(args):
 
 def make_data(args, n=8192):
     g = torch.Generator().manual_seed(args.seed + 1)
+    if args.model == "transformer":
+        tokens = torch.randint(0, args.vocab, (n // 8, args.seq_len + 1), generator=g)
+        return tokens[:, :-1], tokens[:, 1:]  # predict the next token
     x = torch.randn(n, args.features, generator=g)
     teacher = torch.randn(args.features, args.classes, generator=g)
     y = (x @ teacher + 0.5 * torch.randn(n, args.classes, generator=g)).argmax(dim=1)
     return x, y
 
 
-def worker(rank, args, pool, job, init_file):
+def _keep_local(state, bucket):
+    """The floor: no communication, each rank's own gradient."""
+    fut = torch.futures.Future()
+    fut.set_result(bucket.buffer())
+    return fut
+
+
+def attach(args, ddp, rank, world, pool, job):
+    """Registers what averages the gradients; returns the tally client, if any."""
+    if args.backend == "gloo-fp16":
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif args.backend == "none":
+        ddp.register_comm_hook(None, _keep_local)
+    elif args.backend in ("tally", "tally-bf16"):
+        client = tally.Client(pool=pool, job=job, rank=rank, world_size=world,
+                              op_timeout_ms=args.op_timeout_ms,
+                              wire_dtype="bfloat16" if args.backend == "tally-bf16" else None)
+        state = client
+        if args.stage_host:
+            state = tally.staging.Stager(client, tally.staging.HostCopier())
+        ddp.register_comm_hook(state, tally.torch.allreduce_hook)
+        return client
+    return None
+
+
+def worker(rank, args, pool, job, init_method):
     torch.set_num_threads(args.threads)
     world = args.world_size
-    dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=world)
+    if args.backend == "tally-pg":
+        os.environ["TALLY_POOL"] = pool  # the backend reads its pool from the environment
+        os.environ.setdefault("TALLY_JOB", job)
+        os.environ.setdefault("TALLY_OP_TIMEOUT_MS", str(args.op_timeout_ms))
+    dist.init_process_group("tally" if args.backend == "tally-pg" else "gloo",
+                            init_method=init_method, rank=rank, world_size=world)
+    device = torch.device("cuda", rank % torch.cuda.device_count()) if args.device == "cuda" \
+        else torch.device("cpu")
     torch.manual_seed(args.seed)
-    model = make_model(args)
+    model = make_model(args).to(device)
     ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb)
-    client = None
-    if args.backend == "tally":
-        client = tally.Client(pool=pool, job=job, rank=rank, world_size=world,
-                              op_timeout_ms=args.op_timeout_ms, env=False)
-        ddp.register_comm_hook(client, tally.torch.allreduce_hook)
+    client = attach(args, ddp, rank, world, pool, job)
     x, y = make_data(args)
     order = torch.Generator().manual_seed(args.seed + 2)
     opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
@@ -89,17 +168,20 @@ def worker(rank, args, pool, job, init_file):
     per_rank = args.batch_size // world
     losses, times = [], []
     dist.barrier()
+    start = time.perf_counter()
     try:
         for step in range(args.steps):
             start = time.perf_counter()
             batch = torch.randint(0, x.shape[0], (args.batch_size,), generator=order)
             mine = batch[rank * per_rank:(rank + 1) * per_rank]
             opt.zero_grad(set_to_none=True)
-            loss = loss_fn(ddp(x[mine]), y[mine])
+            out = ddp(x[mine].to(device))
+            target = y[mine].to(device)
+            loss = loss_fn(out.reshape(-1, out.shape[-1]), target.reshape(-1))
             loss.backward()
             opt.step()
+            losses.append(loss.item())  # waits for the device
             elapsed = time.perf_counter() - start
-            losses.append(loss.item())
             times.append(elapsed)
             if rank == 0:
                 print("step %3d  loss %.6f  time_ms %.2f" % (step, losses[-1], elapsed * 1e3), flush=True)
@@ -116,13 +198,14 @@ def worker(rank, args, pool, job, init_file):
         steady = sorted(times[2:] or times)
         result = {
             "backend": args.backend, "world_size": world, "steps": args.steps,
+            "model": args.model, "device": args.device,
             "params": sum(p.numel() for p in model.parameters()),
             "loss": mean.tolist(), "step_ms": [t * 1e3 for t in times],
             "median_step_ms": steady[len(steady) // 2] * 1e3,
             "mean_step_ms": sum(steady) / len(steady) * 1e3,
         }
-        print("# backend=%s W=%d params=%d median step %.2f ms, mean %.2f ms (steps 2..)"
-              % (args.backend, world, result["params"], result["median_step_ms"],
+        print("# backend=%s W=%d model=%s params=%d median step %.2f ms, mean %.2f ms (steps 2..)"
+              % (args.backend, world, args.model, result["params"], result["median_step_ms"],
                  result["mean_step_ms"]), flush=True)
         for i, v in enumerate(result["loss"]):
             print("mean_loss %3d %.6f" % (i, v))
@@ -130,7 +213,8 @@ def worker(rank, args, pool, job, init_file):
             with open(args.json, "w") as f:
                 json.dump(result, f, indent=1)
         if args.save_params:
-            torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, args.save_params)
+            torch.save({k: v.detach().cpu().clone() for k, v in model.state_dict().items()},
+                       args.save_params)
     if client is not None:
         client.close()
     dist.destroy_process_group()
@@ -138,19 +222,34 @@ def worker(rank, args, pool, job, init_file):
 
 def main(argv=None):
     args = parse_args(argv)
+    launched = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    if launched:
+        args.world_size = int(os.environ["WORLD_SIZE"])
     if args.batch_size % args.world_size:
-        sys.exit("--batch-size must be a multiple of --world-size")
+        sys.exit("--batch-size must be a multiple of the world size")
+    pool = os.environ.get("TALLY_POOL") or args.pool
+    # One job name for every rank: torchrun's run and incarnation when it
+    # launched us, else this launcher's pid.
+    job = os.environ.get("TALLY_JOB") or "train-ddp-%s" % (
+        os.environ.get("TORCHELASTIC_RUN_ID", os.getpid()))
+    if launched:
+        if args.backend.startswith("tally") and not pool:
+            sys.exit("train_ddp: set TALLY_POOL (or --pool) when a launcher starts the ranks")
+        try:
+            worker(int(os.environ["RANK"]), args, pool, job, "env://")
+        except Exception:
+            traceback.print_exc()
+            return 1
+        return 0
     local_pool = None
-    pool = args.pool
     with tempfile.TemporaryDirectory(prefix="train-ddp-") as tmp:
         try:
-            if args.backend == "tally" and not pool:
+            if args.backend.startswith("tally") and not pool:
                 local_pool = tally.pool.LocalPool(shards=args.shards, reducer=args.reducer,
                                                   args=["--log-level", "warn"])
                 pool = local_pool.address
                 print("# local pool %s" % pool, flush=True)
-            job = "train-ddp-%d" % os.getpid()
-            mp.spawn(worker, args=(args, pool, job, os.path.join(tmp, "init")),
+            mp.spawn(worker, args=(args, pool, job, "file://" + os.path.join(tmp, "init")),
                      nprocs=args.world_size, join=True)
         except mp.ProcessRaisedException as e:
             print("train_ddp: a rank failed:\n%s" % e, file=sys.stderr, flush=True)

@@ -160,6 +160,51 @@ static void* rank_main(void* arg) {
   for (size_t i = 0; i < kCount; ++i) wrong += b[i] != (float)(sum_of(i % 500) / kWorld);
   CHECK(wrong == 0, "fused: %zu wrong", wrong);
 
+  /* A completion queue: two ops post their tags as they end, a fused call
+   * one tag for all of its ops; the op's end is known once its tag is. */
+  tally_queue* queue = NULL;
+  CHECK(tally_queue_create(&queue) == TALLY_OK, "%s", tally_last_error());
+  for (size_t i = 0; i < kCount; ++i) a[i] = b[i] = (float)value(rank, i);
+  tally_op* queued[3] = {NULL, NULL, NULL};
+  CHECK(tally_allreduce_async_to(c, a, kCount, TALLY_FLOAT32, TALLY_SUM, queue, 7, &queued[0]) ==
+            TALLY_OK,
+        "%s", tally_last_error());
+  CHECK(tally_allreduce_async_to(c, b, kCount, TALLY_FLOAT32, TALLY_AVG, queue, 8, &queued[1]) ==
+            TALLY_OK,
+        "%s", tally_last_error());
+  int32_t small[2][3] = {{rank, rank, rank}, {1, 2, 3}};
+  void* small_data[2] = {small[0], small[1]};
+  size_t small_counts[2] = {3, 3};
+  CHECK(
+      tally_allreduce_fused_async_to(c, small_data, small_counts, 2, TALLY_INT32, TALLY_SUM,
+                                     tally_default_fuse_bytes(), queue, 9, &queued[2]) == TALLY_OK,
+      "%s", tally_last_error());
+  int seen = 0;
+  for (int n = 0; n < 3; ++n) {
+    uint64_t tag = 0;
+    CHECK(tally_queue_next(queue, 10000, &tag) == TALLY_OK, "tag %d of 3", n);
+    CHECK(tag >= 7 && tag <= 9, "tag %llu", (unsigned long long)tag);
+    if (tag >= 7 && tag <= 9) {
+      seen |= 1 << (tag - 7);
+      CHECK(tally_op_test(queued[tag - 7]) == TALLY_OK, "op of tag %llu ended well",
+            (unsigned long long)tag);
+    }
+  }
+  CHECK(seen == 7, "every tag once: %d", seen);
+  uint64_t none = 0;
+  CHECK(tally_queue_next(queue, 10, &none) == TALLY_IN_PROGRESS, "no fourth tag");
+  tally_queue_close(queue);
+  CHECK(tally_queue_next(queue, 10000, &none) == TALLY_CANCELLED, "closed and empty");
+  wrong = 0;
+  for (size_t i = 0; i < kCount; ++i) {
+    wrong += (a[i] != (float)sum_of(i)) + (b[i] != (float)(sum_of(i) / kWorld));
+  }
+  for (int i = 0; i < 3; ++i) wrong += (small[0][i] != 1) + (small[1][i] != 2 * (i + 1));
+  CHECK(wrong == 0, "queued ops: %zu wrong", wrong);
+  for (int i = 0; i < 3; ++i) tally_op_destroy(queued[i]);
+  tally_queue_destroy(queue);
+  CHECK(tally_client_groups(c) == 1 && tally_client_group(c) == 0, "one group");
+
   /* Refused at once: a null buffer; the op number is not used up. */
   tally_op* bad = NULL;
   CHECK(tally_allreduce_async(c, NULL, 4, TALLY_FLOAT32, TALLY_SUM, NULL, NULL, &bad) ==
@@ -192,9 +237,18 @@ static void check_errors(void) {
   CHECK(tally_options_set(o, "TALLY_RANK", "x") == TALLY_INVALID_ARGUMENT, "bad number");
   CHECK(strstr(tally_last_error(), "TALLY_RANK") != NULL, "%s", tally_last_error());
   CHECK(tally_options_set(o, "TALLY_NOPE", "1") == TALLY_INVALID_ARGUMENT, "unknown name");
+  CHECK(strcmp(tally_options_missing(o), "TALLY_POOL, TALLY_JOB, TALLY_RANK, TALLY_WORLD_SIZE") ==
+            0,
+        "missing: %s", tally_options_missing(o));
+  CHECK(strcmp(tally_option_name(0), "TALLY_POOL") == 0, "first name %s", tally_option_name(0));
+  size_t names = 0;
+  while (tally_option_name(names)) names++;
+  CHECK(names > 10 && tally_option_name(names) == NULL, "%zu names", names);
   /* A pool address where nothing listens: a clear error at connect. */
   tally_options_set(o, "TALLY_POOL", "127.0.0.1:1");
   tally_options_set(o, "TALLY_JOB", "c-api-nobody");
+  CHECK(strcmp(tally_options_missing(o), "TALLY_RANK, TALLY_WORLD_SIZE") == 0, "missing: %s",
+        tally_options_missing(o));
   tally_options_set(o, "TALLY_CONNECT_TIMEOUT_MS", "300");
   tally_client* c = NULL;
   tally_code code = tally_client_connect(o, &c);
@@ -206,6 +260,16 @@ static void check_errors(void) {
   unsetenv("TALLY_POOL");
   CHECK(tally_options_from_env(&o) == TALLY_INVALID_ARGUMENT, "no TALLY_POOL");
   CHECK(o == NULL && strstr(tally_last_error(), "TALLY_POOL") != NULL, "%s", tally_last_error());
+  /* A launcher's RANK and WORLD_SIZE stand in for the unset TALLY_* names. */
+  setenv("RANK", "1", 1);
+  setenv("WORLD_SIZE", "4", 1);
+  CHECK(tally_options_create(&o) == TALLY_OK, "create");
+  CHECK(tally_options_read_env(o) == TALLY_OK, "%s", tally_last_error());
+  CHECK(strcmp(tally_options_missing(o), "TALLY_POOL, TALLY_JOB") == 0, "missing: %s",
+        tally_options_missing(o));
+  tally_options_destroy(o);
+  unsetenv("RANK");
+  unsetenv("WORLD_SIZE");
 }
 
 int main(void) {

@@ -16,15 +16,24 @@ namespace {
 
 using Env = std::map<std::string, std::string>;
 
-// Sets `env` for the test's duration, clearing every other option variable.
+// A launcher's variables, read where the TALLY_* ones are unset.
+const std::vector<std::string> kLauncherNames{"RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID",
+                                              "TORCHELASTIC_RESTART_COUNT"};
+
+// Sets `env` for the test's duration, clearing every other option variable
+// (and a launcher's).
 class ScopedEnv {
  public:
   explicit ScopedEnv(const Env& env) {
-    for (auto name : client_option_names()) unsetenv(std::string(name).c_str());
+    clear();
     for (auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
   }
-  ~ScopedEnv() {
+  ~ScopedEnv() { clear(); }
+
+ private:
+  static void clear() {
     for (auto name : client_option_names()) unsetenv(std::string(name).c_str());
+    for (auto& name : kLauncherNames) unsetenv(name.c_str());
   }
 };
 
@@ -141,6 +150,69 @@ TEST(OptionNames, UnknownNameIsNamed) {
   Status s = set_client_option(o, "TALLY_POOLS", "a:1");
   EXPECT_EQ(s.code(), ErrorCode::kInvalidArgument);
   EXPECT_NE(s.message().find("TALLY_POOLS"), std::string::npos);
+}
+
+// With TALLY_RANK, TALLY_WORLD_SIZE and TALLY_JOB unset, the client takes
+// torchrun's (and Kubeflow's PyTorchJob's) RANK and WORLD_SIZE, and a job
+// name per elastic incarnation; TALLY_* still wins where it is set.
+TEST(LauncherEnvironment, StandsInForTheUnsetTallyNames) {
+  {
+    ScopedEnv env({{"TALLY_POOL", "127.0.0.1:7070"},
+                   {"RANK", "3"},
+                   {"WORLD_SIZE", "8"},
+                   {"TORCHELASTIC_RUN_ID", "abc123"},
+                   {"TORCHELASTIC_RESTART_COUNT", "2"}});
+    auto o = client_options_from_env();
+    ASSERT_TRUE(o.is_ok()) << o.status().to_string();
+    EXPECT_EQ(o->rank, 3u);
+    EXPECT_EQ(o->world_size, 8u);
+    EXPECT_EQ(o->job, "abc123-2");
+  }
+  {
+    ScopedEnv env({{"TALLY_POOL", "127.0.0.1:7070"},
+                   {"TALLY_RANK", "1"},
+                   {"TALLY_WORLD_SIZE", "2"},
+                   {"TALLY_JOB", "mine"},
+                   {"RANK", "3"},
+                   {"WORLD_SIZE", "8"},
+                   {"TORCHELASTIC_RUN_ID", "abc123"}});
+    auto o = client_options_from_env();
+    ASSERT_TRUE(o.is_ok()) << o.status().to_string();
+    EXPECT_EQ(o->rank, 1u);
+    EXPECT_EQ(o->world_size, 2u);
+    EXPECT_EQ(o->job, "mine");
+  }
+  {  // The first incarnation has no restart count yet.
+    ScopedEnv env({{"TALLY_POOL", "127.0.0.1:7070"},
+                   {"RANK", "0"},
+                   {"WORLD_SIZE", "1"},
+                   {"TORCHELASTIC_RUN_ID", "r"}});
+    auto o = client_options_from_env();
+    ASSERT_TRUE(o.is_ok()) << o.status().to_string();
+    EXPECT_EQ(o->job, "r-0");
+  }
+}
+
+TEST(LauncherEnvironment, ErrorsNameTheVariablesReadAndTheOnesMissing) {
+  {
+    ScopedEnv env({{"TALLY_POOL", "127.0.0.1:7070"}, {"RANK", "x"}, {"WORLD_SIZE", "2"}});
+    auto o = client_options_from_env();
+    ASSERT_FALSE(o.is_ok());
+    EXPECT_NE(o.status().message().find("RANK (the launcher's, for TALLY_RANK)"), std::string::npos)
+        << o.status().to_string();
+  }
+  {
+    ScopedEnv env({{"TALLY_POOL", "127.0.0.1:7070"}, {"RANK", "0"}, {"WORLD_SIZE", "2"}});
+    auto o = client_options_from_env();
+    ASSERT_FALSE(o.is_ok());
+    EXPECT_EQ(o.status().message(), "TALLY_JOB is not set (nor torchrun's TORCHELASTIC_RUN_ID)");
+  }
+  {
+    ScopedEnv env({{"TALLY_POOL", "127.0.0.1:7070"}, {"TALLY_JOB", "j"}});
+    auto o = client_options_from_env();
+    ASSERT_FALSE(o.is_ok());
+    EXPECT_EQ(o.status().message(), "TALLY_RANK is not set (nor a launcher's RANK)");
+  }
 }
 
 }  // namespace

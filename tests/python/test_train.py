@@ -1,6 +1,7 @@
 """examples/train_ddp.py for real: W=4 processes, DDP, a few steps under the
-tally hook and under gloo, with the same seed: the parameters must agree
-within float tolerance. A reducer SIGKILLed mid-training and restarted at
+tally hook (directly, and through the staging pipeline of CUDA buckets),
+under the "tally" process group, and under gloo, with the same seed: the
+parameters must agree within float tolerance. A reducer SIGKILLed mid-training and restarted at
 its address must not change that; one that does not come back must surface
 as a Python exception from backward(), once the workers stop reconnecting
 (the op timeout)."""
@@ -68,16 +69,28 @@ def assert_same_parameters(ours, theirs):
                            % (name, largest, value, RTOL, ATOL))
 
 
-def test_tally_hook_trains_to_the_same_parameters_as_gloo(tmp_path):
-    params = {}
-    for backend in ("tally", "gloo"):
-        out = tmp_path / (backend + ".pt")
-        r = run_example(SMALL + ["--steps", "5", "--backend", backend, "--save-params", str(out),
-                                 "--json", str(tmp_path / (backend + ".json"))])
-        assert r.returncode == 0, r.stdout + r.stderr
-        assert "mean_loss   4" in r.stdout, r.stdout
-        params[backend] = torch.load(out)
-    assert_same_parameters(params["tally"], params["gloo"])
+@pytest.fixture(scope="module")
+def gloo_params(tmp_path_factory):
+    """Parameters after 5 steps with gloo, and the losses it printed."""
+    out = tmp_path_factory.mktemp("gloo") / "gloo.pt"
+    r = run_example(SMALL + ["--steps", "5", "--backend", "gloo", "--save-params", str(out)])
+    assert r.returncode == 0, r.stdout + r.stderr
+    return torch.load(out)
+
+
+@pytest.mark.parametrize("mode", [
+    ["--backend", "tally"],
+    # The CUDA buckets' pipeline (tally.staging), with host buffers standing for the device.
+    ["--backend", "tally", "--stage-host"],
+    # init_process_group("tally"): DDP's own all-reduce through the pool, no hook.
+    ["--backend", "tally-pg"],
+], ids=["hook", "hook-staged", "process-group"])
+def test_tally_trains_to_the_same_parameters_as_gloo(tmp_path, gloo_params, mode):
+    out = tmp_path / "tally.pt"
+    r = run_example(SMALL + ["--steps", "5", "--save-params", str(out)] + mode)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "mean_loss   4" in r.stdout, r.stdout
+    assert_same_parameters(torch.load(out), gloo_params)
 
 
 def test_training_survives_a_reducer_restart_with_gloos_parameters(tmp_path):

@@ -33,8 +33,11 @@ extern "C" {
 #define TALLY_API
 #endif
 
-/* The version of this header's API; tally_c_api_version() gives the library's. */
-#define TALLY_C_API_VERSION 1
+/* The version of this header's API; tally_c_api_version() gives the library's.
+ * 2 added tally_options_read_env, tally_options_missing, tally_option_name,
+ * tally_client_groups, tally_client_group, tally_default_fuse_bytes, the
+ * completion queue and the *_to functions that post to it. */
+#define TALLY_C_API_VERSION 2
 
 typedef enum tally_code {
   TALLY_OK = 0,
@@ -69,6 +72,7 @@ typedef enum tally_redop { TALLY_SUM = 1, TALLY_AVG = 2 } tally_redop;
 typedef struct tally_options tally_options;
 typedef struct tally_client tally_client;
 typedef struct tally_op tally_op;
+typedef struct tally_queue tally_queue;
 
 /* "0.1.0 (<git sha>)"; static storage. */
 TALLY_API const char* tally_version(void);
@@ -82,11 +86,23 @@ TALLY_API const char* tally_last_error(void);
 
 /* Options with their defaults (docs/configuration.md). */
 TALLY_API tally_code tally_options_create(tally_options** out);
-/* Options read from the TALLY_* environment, as the C++ client_options_from_env. */
+/* Options read from the TALLY_* environment, as the C++ client_options_from_env
+ * (with a launcher's RANK, WORLD_SIZE and TORCHELASTIC_RUN_ID where the
+ * TALLY_* names are unset); fails if a required one is missing. */
 TALLY_API tally_code tally_options_from_env(tally_options** out);
+/* Applies to `options` whatever the environment sets, as tally_options_from_env
+ * reads it, without requiring anything: for a caller that sets more on top. */
+TALLY_API tally_code tally_options_read_env(tally_options* options);
 /* Sets the option that environment variable `name` configures ("TALLY_POOL",
  * "TALLY_RANK", ...), parsing `value` as the environment's value. */
 TALLY_API tally_code tally_options_set(tally_options* options, const char* name, const char* value);
+/* The required options not set yet, as "TALLY_JOB, TALLY_RANK" ("" when none):
+ * TALLY_POOL, TALLY_JOB, TALLY_RANK, TALLY_WORLD_SIZE. Valid until the next
+ * call on `options`. */
+TALLY_API const char* tally_options_missing(tally_options* options);
+/* The i-th name tally_options_set takes (in the order the environment
+ * applies them), or NULL past the last; static storage. */
+TALLY_API const char* tally_option_name(size_t i);
 TALLY_API void tally_options_destroy(tally_options* options);
 
 /* Connects to every reducer of the pool and joins the job. Blocks up to the
@@ -98,6 +114,10 @@ TALLY_API void tally_client_destroy(tally_client* client);
 TALLY_API uint32_t tally_client_rank(const tally_client* client);
 TALLY_API uint32_t tally_client_world_size(const tally_client* client);
 TALLY_API uint32_t tally_client_shards(const tally_client* client);
+TALLY_API uint32_t tally_client_groups(const tally_client* client);
+TALLY_API uint32_t tally_client_group(const tally_client* client);
+/* The fuse_bytes of tally_allreduce_fused that the C++ API defaults to. */
+TALLY_API size_t tally_default_fuse_bytes(void);
 
 /* In-place all-reduce of `count` elements at `data`. Blocks until the op ends. */
 TALLY_API tally_code tally_allreduce(tally_client* client, void* data, size_t count,
@@ -120,6 +140,37 @@ TALLY_API tally_code tally_allreduce_async(tally_client* client, void* data, siz
 TALLY_API tally_code tally_allreduce_fused(tally_client* client, void* const* data,
                                            const size_t* counts, size_t n, tally_dtype dtype,
                                            tally_redop op, size_t fuse_bytes);
+
+/* A completion queue: the ends of async ops, for a caller that cannot take a
+ * callback on libtally's I/O thread (an interpreter with a global lock would
+ * stall the I/O thread while it waits for the lock). An op started with a
+ * *_to function posts its tag here when it ends; the caller waits for tags
+ * on a thread of its own. Thread-safe. */
+TALLY_API tally_code tally_queue_create(tally_queue** out);
+/* Waits up to `timeout_ms` for the next tag: TALLY_OK with *tag set,
+ * TALLY_IN_PROGRESS when none came in time, TALLY_CANCELLED once the queue is
+ * closed and empty. Blocks. */
+TALLY_API tally_code tally_queue_next(tally_queue* queue, uint64_t timeout_ms, uint64_t* tag);
+/* Wakes every waiter; tags already posted are still returned, then
+ * TALLY_CANCELLED. Ops may still post to it. */
+TALLY_API void tally_queue_close(tally_queue* queue);
+/* Frees the handle; ops still in flight keep the queue alive until they end. */
+TALLY_API void tally_queue_destroy(tally_queue* queue);
+
+/* tally_allreduce_async, posting `tag` to `queue` when the op ends (a
+ * refused call posts it too). Once the tag is taken, tally_op_test and
+ * tally_op_message give the op's end. */
+TALLY_API tally_code tally_allreduce_async_to(tally_client* client, void* data, size_t count,
+                                              tally_dtype dtype, tally_redop op, tally_queue* queue,
+                                              uint64_t tag, tally_op** out);
+/* tally_allreduce_fused, started and returning at once, posting `tag` to
+ * `queue` when every op of the call has ended. The buffers must stay valid
+ * until then. */
+TALLY_API tally_code tally_allreduce_fused_async_to(tally_client* client, void* const* data,
+                                                    const size_t* counts, size_t n,
+                                                    tally_dtype dtype, tally_redop op,
+                                                    size_t fuse_bytes, tally_queue* queue,
+                                                    uint64_t tag, tally_op** out);
 
 /* Blocks until the op ends; its code. */
 TALLY_API tally_code tally_op_wait(tally_op* op);

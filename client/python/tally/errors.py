@@ -119,6 +119,8 @@ _BY_CODE = {
 
 
 def error_for(code, message):
-    """The exception instance for a core error code (used by tally._core)."""
+    """The exception instance for a core error code and the library's
+    message ("peer_lost: lost reducer ..."; the code's name is the class's)."""
     cls = _BY_CODE.get(code, Error)
-    return cls(message)
+    prefix = cls.code_name + ": "
+    return cls(message[len(prefix):] if message.startswith(prefix) else message)

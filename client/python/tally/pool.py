@@ -17,8 +17,12 @@ import time
 
 
 def find_reducer(path=None):
-    """The tally-reducer binary: ``path``, $TALLY_REDUCER, or one on PATH."""
-    for candidate in (path, os.environ.get("TALLY_REDUCER"), shutil.which("tally-reducer")):
+    """The tally-reducer binary: ``path``, $TALLY_REDUCER, the one this
+    package carries (a wheel), or one on PATH."""
+    from ._cli import reducer_path
+
+    for candidate in (path, os.environ.get("TALLY_REDUCER"), reducer_path(),
+                      shutil.which("tally-reducer")):
         if candidate and os.access(candidate, os.X_OK):
             return candidate
     raise FileNotFoundError(
