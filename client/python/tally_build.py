@@ -1,12 +1,20 @@
 """A PEP 517 build backend for the `tally` package (pyproject.toml).
 
-It configures this repository with CMake for the interpreter running the
-build (sys.executable), builds only the `tally_python` target (libtally and
-the pybind11 module, no tests, no reducer), and zips the package laid out in
-<build>/python/tally into a wheel. No setuptools or PyPI package is needed.
+The package is pure Python over libtally_c.so (ctypes), so one wheel serves
+every CPython from 3.9 and every torch: it is tagged py3-none-<platform>.
+The backend configures this repository with CMake (-DTALLY_WHEEL=ON: the
+library finds its neighbours through an RPATH of $ORIGIN, the reducer
+through $ORIGIN/../_lib), builds libtally_c.so and tally-reducer only, and
+zips:
 
-The build tree is $TALLY_PIP_BUILD_DIR, else build/pip-<python tag> in the
-checkout, kept between installs so a second install only relinks.
+    tally/*.py
+    tally/_lib/libtally_c.so and every library it or the reducer links that
+        is not the C runtime (glibc, libstdc++, libgcc_s), as `ldd` finds them
+    tally/_bin/tally-reducer, run by the console script `tally-reducer`
+
+No setuptools or PyPI package is needed. The build tree is
+$TALLY_PIP_BUILD_DIR, else build/pip-wheel in the checkout, kept between
+builds so a second one only relinks.
 """
 
 import base64
@@ -20,6 +28,12 @@ import zipfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NAME = "tally"
+SUMMARY = ("Client of the tally reduction server: all-reduce, a PyTorch DDP communication hook "
+           "and a torch.distributed backend")
+# Libraries every Linux with a glibc at least as new as the build's has, and
+# that must be the process's own (torch's libstdc++ is the one loaded).
+SYSTEM = re.compile(r"^(linux-vdso|ld-linux|libc|libm|libdl|libpthread|librt|libresolv|libutil|"
+                    r"libstdc\+\+|libgcc_s)[.-]")
 
 
 def _version():
@@ -27,24 +41,40 @@ def _version():
         return re.search(r"project\(tally VERSION ([0-9.]+)", f.read()).group(1)
 
 
-def _tags():
-    python = "cp%d%d" % sys.version_info[:2]
+def _tag():
     platform = sysconfig.get_platform().replace("-", "_").replace(".", "_")
-    return python, python, platform
+    return "py3-none-" + platform
 
 
 def _build():
-    python_tag = "%s-%s-%s" % _tags()
-    build_dir = os.environ.get("TALLY_PIP_BUILD_DIR") or os.path.join(ROOT, "build", "pip-" + python_tag)
+    build_dir = os.environ.get("TALLY_PIP_BUILD_DIR") or os.path.join(ROOT, "build", "pip-wheel")
     if not os.path.exists(os.path.join(build_dir, "build.ninja")):
         subprocess.check_call([
             "cmake", "-S", ROOT, "-B", build_dir, "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
-            "-DTALLY_BUILD_TESTS=OFF", "-DTALLY_BUILD_PYTHON=ON",
-            "-DPython_EXECUTABLE=" + sys.executable,
+            "-DTALLY_BUILD_TESTS=OFF", "-DTALLY_BUILD_PYTHON=OFF", "-DTALLY_WHEEL=ON",
         ], stdout=sys.stderr)
-    subprocess.check_call(["cmake", "--build", build_dir, "--target", "tally_python", "--",
-                           "-j%d" % (os.cpu_count() or 1)], stdout=sys.stderr)
-    return os.path.join(build_dir, "python", NAME)
+    subprocess.check_call(["cmake", "--build", build_dir, "--target", "tally_c", "tally-reducer",
+                           "--", "-j%d" % (os.cpu_count() or 1)], stdout=sys.stderr)
+    return (os.path.join(build_dir, "client", "libtally_c.so"),
+            os.path.join(build_dir, "reducer", "tally-reducer"))
+
+
+def _dependencies(*binaries):
+    """{soname: path} of what the binaries link, the C runtime aside."""
+    found = {}
+    for binary in binaries:
+        out = subprocess.check_output(["ldd", binary], text=True)
+        for line in out.splitlines():
+            m = re.match(r"\s*(\S+) => (\S+) \(", line)
+            if not m:
+                continue
+            soname, path = m.groups()
+            if path == "not":
+                raise RuntimeError("%s: %s is not found (install the build's dependencies: "
+                                   "deploy/dev.sh setup)" % (binary, soname))
+            if not SYSTEM.match(soname):
+                found[soname] = os.path.realpath(path)
+    return found
 
 
 def _record_line(path, data):
@@ -53,9 +83,8 @@ def _record_line(path, data):
 
 
 def _metadata(version):
-    return ("Metadata-Version: 2.1\nName: %s\nVersion: %s\n"
-            "Summary: Client of the tally reduction server: all-reduce and a PyTorch DDP "
-            "communication hook\nRequires-Python: >=3.9\n" % (NAME, version))
+    return ("Metadata-Version: 2.1\nName: %s\nVersion: %s\nSummary: %s\nRequires-Python: >=3.9\n"
+            % (NAME, version, SUMMARY))
 
 
 def get_requires_for_build_wheel(config_settings=None):
@@ -72,23 +101,37 @@ def prepare_metadata_for_build_wheel(metadata_directory, config_settings=None):
 
 def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
     version = _version()
-    package_dir = _build()
-    tag = "%s-%s-%s" % _tags()
+    library, reducer = _build()
+    tag = _tag()
     wheel_name = "%s-%s-%s.whl" % (NAME, version, tag)
     info = "%s-%s.dist-info" % (NAME, version)
+    sources = os.path.join(ROOT, "client", "python", NAME)
     records = []
     with zipfile.ZipFile(os.path.join(wheel_directory, wheel_name), "w", zipfile.ZIP_DEFLATED) as whl:
-        def add(arcname, data):
-            whl.writestr(arcname, data)
+        def add(arcname, data, executable=False):
+            entry = zipfile.ZipInfo(arcname, date_time=(2020, 1, 1, 0, 0, 0))
+            entry.compress_type = zipfile.ZIP_DEFLATED
+            # A regular file's mode, which pip reads for the executable bit.
+            entry.external_attr = (0o100755 if executable else 0o100644) << 16
+            whl.writestr(entry, data)
             records.append(_record_line(arcname, data))
 
-        for entry in sorted(os.listdir(package_dir)):
-            if entry.endswith(".py") or (entry.startswith("_core") and entry.endswith(".so")):
-                with open(os.path.join(package_dir, entry), "rb") as f:
-                    add("%s/%s" % (NAME, entry), f.read())
+        def add_file(arcname, path, executable=False):
+            with open(path, "rb") as f:
+                add(arcname, f.read(), executable)
+
+        for entry in sorted(os.listdir(sources)):
+            if entry.endswith(".py"):
+                add_file("%s/%s" % (NAME, entry), os.path.join(sources, entry))
+        add_file("%s/_lib/libtally_c.so" % NAME, library)
+        for soname, path in sorted(_dependencies(library, reducer).items()):
+            add_file("%s/_lib/%s" % (NAME, soname), path)
+        add_file("%s/_bin/tally-reducer" % NAME, reducer, executable=True)
         add(info + "/METADATA", _metadata(version).encode())
         add(info + "/WHEEL", ("Wheel-Version: 1.0\nGenerator: tally_build\nRoot-Is-Purelib: false\n"
                               "Tag: %s\n" % tag).encode())
+        add(info + "/entry_points.txt",
+            b"[console_scripts]\ntally-reducer = tally._cli:reducer_main\n")
         records.append(info + "/RECORD,,")
         whl.writestr(info + "/RECORD", "\n".join(records) + "\n")
     return wheel_name

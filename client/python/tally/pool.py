@@ -40,12 +40,12 @@ class LocalPool:
 
     def __init__(self, shards=1, reducer=None, args=(), log_dir=None, start_timeout=15.0):
         self.shards = shards
+        self.processes = []
         self.reducer = find_reducer(reducer)
         self.dir = log_dir or tempfile.mkdtemp(prefix="tally-pool-")
         self._own_dir = log_dir is None
         self.args = list(args)
         self.start_timeout = start_timeout
-        self.processes = []
         self.addresses = []
         try:
             for s in range(shards):
