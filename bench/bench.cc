@@ -32,6 +32,7 @@
 #include <thread>
 
 #include "compare.h"
+#include "launch.h"
 #include "load.h"
 #include "tally/bench/local_pool.h"
 #include "tally/bench/metrics_scrape.h"
@@ -215,6 +216,7 @@ int main(int argc, char** argv) {
   if (argc > 1 && (std::string_view(argv[1]) == "load" || std::string_view(argv[1]) == "chaos")) {
     return load_main(argc - 1, argv + 1);
   }
+  if (argc > 1 && std::string_view(argv[1]) == "run") return launch_main(argc - 1, argv + 1);
   SweepOptions sweep;
   bool worker = false;
   std::string pool;
@@ -399,13 +401,7 @@ int main(int argc, char** argv) {
   std::unique_ptr<Netlab> lab;
   std::vector<std::string> roles;
   if (!netlab_rate.empty()) {
-    for (const std::string& name : remove_stale_namespaces("tally-bench-")) {
-      spdlog::warn("removed namespace {}, left by a bench that is gone", name);
-    }
-    NetlabOptions no;
-    no.hosts = workers + reducers * groups;
-    no.rate = netlab_rate;
-    auto made = Netlab::create(no);
+    auto made = Netlab::for_run(workers + reducers * groups, netlab_rate);
     if (!made) {
       spdlog::error("--netlab: {}", made.status().to_string());
       return 2;
@@ -468,13 +464,7 @@ int main(int argc, char** argv) {
     if (any_fabric) lo.extra_args.insert(lo.extra_args.end(), {"--transport", "fabric"});
     if (!fabric_provider.empty())
       lo.extra_args.insert(lo.extra_args.end(), {"--fabric-provider", fabric_provider});
-    if (lab) {
-      // Reducer i on host W + i, listening (and serving /metrics) there.
-      for (uint32_t i = 0; i < reducers * groups; ++i)
-        lo.hosts.push_back(lab->address(workers + i));
-      const Netlab* l = lab.get();
-      lo.place = [l, workers](uint32_t i, ProcessSpec& spec) { l->place(workers + i, spec); };
-    }
+    if (lab) lo.place_in(*lab, workers);  // reducer i on host W + i
     auto started = LocalPool::start(lo);
     if (!started) {
       spdlog::error("cannot start the local pool: {}", started.status().to_string());

@@ -210,13 +210,7 @@ int run_load(const LoadOptions& o) {
   std::unique_ptr<Netlab> lab;
   const uint32_t worker_hosts = o.jobs * o.workers;
   if (!o.netlab_rate.empty()) {
-    for (const std::string& name : remove_stale_namespaces("tally-bench-")) {
-      spdlog::warn("removed namespace {}, left by a bench that is gone", name);
-    }
-    NetlabOptions no;
-    no.hosts = worker_hosts + o.shards * o.groups;
-    no.rate = o.netlab_rate;
-    auto made = Netlab::create(no);
+    auto made = Netlab::for_run(worker_hosts + o.shards * o.groups, o.netlab_rate);
     if (!made) {
       spdlog::error("--netlab: {}", made.status().to_string());
       return 1;
@@ -253,15 +247,7 @@ int run_load(const LoadOptions& o) {
     lo.log_dir = scratch.path();
     lo.extra_args = {"--log-level", o.log_level, "--job-secret-file", secret_file,
                      "--require-auth"};
-    if (lab) {
-      for (uint32_t i = 0; i < o.shards * o.groups; ++i) {
-        lo.hosts.push_back(lab->address(worker_hosts + i));
-      }
-      const Netlab* l = lab.get();
-      lo.place = [l, worker_hosts](uint32_t i, ProcessSpec& spec) {
-        l->place(worker_hosts + i, spec);
-      };
-    }
+    if (lab) lo.place_in(*lab, worker_hosts);
     auto started = LocalPool::start(lo);
     if (!started) {
       spdlog::error("cannot start the local pool: {}", started.status().to_string());

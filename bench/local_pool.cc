@@ -119,6 +119,13 @@ Result<std::unique_ptr<LocalPool>> LocalPool::start(const LocalPoolOptions& opti
   return pool;
 }
 
+void LocalPoolOptions::place_in(const Netlab& lab, uint32_t first_host) {
+  hosts.clear();
+  for (uint32_t i = 0; i < shards * groups; ++i) hosts.push_back(lab.address(first_host + i));
+  const Netlab* l = &lab;
+  place = [l, first_host](uint32_t i, ProcessSpec& spec) { l->place(first_host + i, spec); };
+}
+
 Status LocalPool::restart(uint32_t index, std::chrono::milliseconds timeout) {
   processes_[index].terminate(std::chrono::milliseconds(0));  // reaps it if already dead
   ProcessSpec spec = specs_[index];

@@ -1,6 +1,7 @@
 #include "tally/bench/netlab.h"
 
 #include <signal.h>
+#include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -153,6 +154,16 @@ Result<std::unique_ptr<Netlab>> Netlab::create(const NetlabOptions& options) {
     if (!c.ok()) return Status(ErrorCode::kUnavailable, "tc " + join(step) + ": " + c.output);
   }
   return lab;
+}
+
+Result<std::unique_ptr<Netlab>> Netlab::for_run(uint32_t hosts, const std::string& rate) {
+  NetlabOptions no;
+  for (const std::string& name : remove_stale_namespaces(no.prefix)) {
+    spdlog::warn("removed namespace {}, left by a bench that is gone", name);
+  }
+  no.hosts = hosts;
+  no.rate = rate;
+  return create(no);
 }
 
 Netlab::~Netlab() { remove(); }

@@ -177,8 +177,13 @@ def test_notes_pool_matches_the_statefulset_and_service(helm, values):
     assert f"TALLY_POOL={pool}\n" in text, text
     assert f"TALLY_GROUPS={v['groups']}\n" in text, text
     assert ("TALLY_TRANSPORT=fabric" in text) == (v["transport"] == "fabric")
-    # The reducers are given the same pool.
+    # The reducers are given the same pool, and the workers' ConfigMap too.
     assert f"--pool '{pool}'" in reducer_script(sts)
+    workers = objs[("ConfigMap", f"{name}-workers")]["data"]
+    assert workers["TALLY_POOL"] == pool
+    assert workers["TALLY_GROUPS"] == str(v["groups"])
+    assert workers.get("TALLY_TRANSPORT") == ("fabric" if v["transport"] == "fabric" else None)
+    assert f"ConfigMap {name}-workers" in text, text
     # Pod names <statefulset>-<ordinal> under the Service's domain are what
     # the pattern expands to.
     assert objs[("Service", name)]["metadata"]["name"] == name

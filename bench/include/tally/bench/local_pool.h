@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "tally/bench/netlab.h"
 #include "tally/bench/process.h"
 
 namespace tally::bench {
@@ -30,6 +31,10 @@ struct LocalPoolOptions {
   // If set, called on each reducer's spec before it starts (e.g. to run it
   // inside a network namespace: Netlab::place).
   std::function<void(uint32_t index, ProcessSpec& spec)> place;
+
+  // Reducer i on `lab`'s host first_host + i, listening (and serving HTTP)
+  // there; `lab` must outlive the pool.
+  void place_in(const Netlab& lab, uint32_t first_host);
 };
 
 class LocalPool {

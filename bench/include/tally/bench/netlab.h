@@ -56,6 +56,9 @@ class Netlab {
   // Errors: kUnavailable (the refusal, checked first), kUnavailable
   // with the failing command and its output; nothing is left behind.
   static Result<std::unique_ptr<Netlab>> create(const NetlabOptions& options);
+  // create() for a tally-bench run of `hosts` hosts at `rate`, after
+  // removing (and logging) the namespaces that runs which are gone left.
+  static Result<std::unique_ptr<Netlab>> for_run(uint32_t hosts, const std::string& rate);
   ~Netlab();
   Netlab(const Netlab&) = delete;
   Netlab& operator=(const Netlab&) = delete;

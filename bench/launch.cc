@@ -1,0 +1,189 @@
+#include "launch.h"
+
+#include <netinet/in.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tally/bench/local_pool.h"
+#include "tally/bench/netlab.h"
+#include "tally/bench/process.h"
+
+namespace tally::bench {
+namespace {
+
+volatile int g_launch_stop = 0;
+void on_launch_signal(int) { g_launch_stop = 1; }
+
+// torch's default rendezvous port, where rank 0 has a namespace of its own.
+constexpr int kLabMasterPort = 29500;
+
+// A port nothing listens on now, on loopback (rank 0 binds it next).
+int free_loopback_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  int port = 0;
+  if (fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  if (fd >= 0) ::close(fd);
+  return port;
+}
+
+std::string tail_of(const std::string& path, size_t bytes) {
+  std::ifstream in(path);
+  std::stringstream all;
+  all << in.rdbuf();
+  const std::string s = all.str();
+  return s.size() > bytes ? "..." + s.substr(s.size() - bytes) : s;
+}
+
+}  // namespace
+
+int run_launch(const LaunchOptions& o) {
+  std::signal(SIGINT, on_launch_signal);
+  std::signal(SIGTERM, on_launch_signal);
+  auto scratch = ScratchDir::make("tally-run-");
+  if (!scratch) {
+    spdlog::error("{}", scratch.status().to_string());
+    return 1;
+  }
+  const std::string dir = (*scratch)->path();
+  std::unique_ptr<Netlab> lab;
+  if (!o.netlab_rate.empty()) {
+    auto made = Netlab::for_run(o.workers + o.shards * o.groups, o.netlab_rate);
+    if (!made) {
+      spdlog::error("--netlab: {}", made.status().to_string());
+      return 1;
+    }
+    lab = std::move(*made);
+  }
+  const std::string secret = dir + "/job.secret";
+  if (Status st = write_job_secret(secret); !st) {
+    spdlog::error("{}", st.to_string());
+    return 1;
+  }
+  LocalPoolOptions lo;
+  lo.shards = o.shards;
+  lo.groups = o.groups;
+  lo.log_dir = dir;
+  lo.extra_args = {"--log-level", o.log_level, "--job-secret-file", secret, "--require-auth"};
+  if (!o.link_rate.empty()) lo.extra_args.insert(lo.extra_args.end(), {"--link-rate", o.link_rate});
+  if (lab) lo.place_in(*lab, o.workers);  // reducer i on host W + i
+  auto pool = LocalPool::start(lo);
+  if (!pool) {
+    spdlog::error("cannot start the local pool: {}", pool.status().to_string());
+    return 1;
+  }
+  const std::string master = lab ? lab->address(0) : "127.0.0.1";
+  const int port = lab ? kLabMasterPort : free_loopback_port();
+  std::fprintf(stderr, "# tally-bench run: %u ranks beside a pool of S=%u x G=%u (%s)%s\n",
+               o.workers, o.shards, o.groups, (*pool)->pool_string().c_str(),
+               lab ? (", in a network lab at " + o.netlab_rate + " per host").c_str() : "");
+  std::vector<Process> ranks;
+  for (uint32_t r = 0; r < o.workers; ++r) {
+    ProcessSpec spec;
+    spec.path = o.command.front();
+    spec.args.assign(o.command.begin() + 1, o.command.end());
+    spec.env = {{"RANK", std::to_string(r)},
+                {"WORLD_SIZE", std::to_string(o.workers)},
+                {"LOCAL_RANK", lab ? "0" : std::to_string(r)},
+                {"LOCAL_WORLD_SIZE", lab ? "1" : std::to_string(o.workers)},
+                {"MASTER_ADDR", master},
+                {"MASTER_PORT", std::to_string(port)},
+                {"TALLY_POOL", (*pool)->pool_string()},
+                {"TALLY_GROUPS", std::to_string(o.groups)},
+                {"TALLY_JOB", "run-" + std::to_string(getpid())},
+                {"TALLY_SECRET_FILE", secret}};
+    // In the lab a rank reaches the others through its host's eth0; gloo
+    // (torch.distributed's CPU backend) would otherwise pick the address its
+    // hostname resolves to, 127.0.0.1, which is the rank's own namespace.
+    if (lab) spec.env["GLOO_SOCKET_IFNAME"] = "eth0";
+    if (!o.link_rate.empty()) spec.env["TALLY_LINK_RATE"] = o.link_rate;
+    if (r > 0) {  // rank 0 writes to ours; the others to files, shown if they fail
+      spec.stdout_path = dir + "/rank-" + std::to_string(r) + ".out";
+      spec.stderr_to_stdout = true;
+    }
+    if (lab) lab->place(r, spec);
+    auto p = Process::spawn(spec);
+    if (!p) {
+      spdlog::error("rank {}: {}", r, p.status().to_string());
+      return 1;
+    }
+    ranks.push_back(std::move(*p));
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(o.timeout_s);
+  const WaitAll w = wait_all(ranks, deadline, &g_launch_stop);
+  if (w.stopped) return 130;
+  if (w.timed_out) {
+    spdlog::error("the ranks did not end within {} s", o.timeout_s);
+    return 1;
+  }
+  if (w.first_failed >= 0) {
+    spdlog::error("rank {} exited with status {}", w.first_failed, w.status);
+    if (w.first_failed > 0) {
+      std::fprintf(stderr, "%s\n",
+                   tail_of(dir + "/rank-" + std::to_string(w.first_failed) + ".out", 6000).c_str());
+    }
+    return 1;
+  }
+  return 0;
+}
+
+int launch_main(int argc, char** argv) {
+  LaunchOptions o;
+  CLI::App app{
+      "tally-bench run: runs a command as W ranks (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT "
+      "as torchrun sets them) beside a local pool (TALLY_POOL, TALLY_JOB, TALLY_SECRET_FILE), "
+      "each rank and reducer on a host of its own with --netlab"};
+  app.add_option("-W,--workers", o.workers, "ranks")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
+  app.add_option("-r,--reducers", o.shards, "shards of the local pool")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
+  app.add_option("-G,--groups", o.groups, "replica groups of the local pool")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 16));
+  app.add_option("--netlab", o.netlab_rate,
+                 "every rank and reducer on a host of its own in a network lab, each link capped "
+                 "both ways at RATE (tc units, e.g. 1gbit; root)");
+  app.add_option("--link-rate", o.link_rate,
+                 "tell the pool and the ranks their links' rate (--link-rate, TALLY_LINK_RATE; "
+                 "tc units); default: not told");
+  app.add_option("--timeout-s", o.timeout_s, "the ranks are stopped after this long")
+      ->capture_default_str();
+  app.add_option("--log-level", o.log_level, "log level of the local reducers")
+      ->capture_default_str();
+  app.add_option("command", o.command, "the command each rank runs (after --)")->required();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  spdlog::set_default_logger(spdlog::stderr_color_mt("tally-bench"));
+  if (!o.netlab_rate.empty()) {
+    if (std::string why = netlab_refusal(); !why.empty()) {
+      std::fprintf(stderr, "tally-bench: --netlab: %s\n", why.c_str());
+      return 2;
+    }
+  }
+  return run_launch(o);
+}
+
+}  // namespace tally::bench
