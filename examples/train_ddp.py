@@ -11,6 +11,7 @@ pool or by gloo, for comparison.
     tally-pg    init_process_group("tally"): no hook, DDP's own all-reduce
     gloo        gloo's all-reduce
     gloo-fp16   gloo with DDP's fp16_compress_hook (16-bit values on the wire)
+    nccl        NCCL's all-reduce (--device cuda, one GPU per rank)
     none        no communication at all: each rank keeps its own gradients
                 (the step time's floor)
 
@@ -50,7 +51,7 @@ import tally.pool
 import tally.staging
 import tally.torch
 
-BACKENDS = ["tally", "tally-bf16", "tally-pg", "gloo", "gloo-fp16", "none"]
+BACKENDS = ["tally", "tally-bf16", "tally-pg", "gloo", "gloo-fp16", "nccl", "none"]
 
 
 def parse_args(argv=None):
@@ -156,8 +157,8 @@ def worker(rank, args, pool, job, init_method):
         os.environ["TALLY_POOL"] = pool  # the backend reads its pool from the environment
         os.environ.setdefault("TALLY_JOB", job)
         os.environ.setdefault("TALLY_OP_TIMEOUT_MS", str(args.op_timeout_ms))
-    dist.init_process_group("tally" if args.backend == "tally-pg" else "gloo",
-                            init_method=init_method, rank=rank, world_size=world)
+    group = {"tally-pg": "tally", "nccl": "nccl"}.get(args.backend, "gloo")
+    dist.init_process_group(group, init_method=init_method, rank=rank, world_size=world)
     device = torch.device("cuda", rank % torch.cuda.device_count()) if args.device == "cuda" \
         else torch.device("cpu")
     torch.manual_seed(args.seed)

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "harness.h"
+#include "raw_peer.h"
 #include "tally.pb.h"
 #include "tally/protocol/fabric_transport.h"
 #include "tally/protocol/frame.h"
@@ -291,19 +292,7 @@ std::string lower(std::string s) {
 
 // A well-formed one-chunk contribution of `count` floats from rank 0.
 FrameHeader contribution(const std::string& job, uint64_t count) {
-  FrameHeader h;
-  h.kind = FrameKind::kContribution;
-  h.dtype = DType::kFloat32;
-  h.redop = RedOp::kSum;
-  h.rank = 0;
-  h.job = job_id(job);
-  h.op = 0;
-  h.count = count;
-  h.offset = 0;
-  h.chunk = 0;
-  h.chunks_on_shard = 1;
-  h.length = count * sizeof(float);
-  return h;
+  return whole_op_contribution(job, 0, count);
 }
 
 // Frames a real client never sends, over the fabric data path: each closes

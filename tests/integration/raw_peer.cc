@@ -118,6 +118,20 @@ bool RawPeer::closed_within(std::chrono::milliseconds timeout, std::string* rece
   return read_until([] { return false; }, timeout, received ? received : &ignored);
 }
 
+FrameHeader whole_op_contribution(const std::string& job, uint32_t rank, uint64_t count,
+                                  DType dtype) {
+  FrameHeader h;
+  h.kind = FrameKind::kContribution;
+  h.dtype = dtype;
+  h.redop = RedOp::kSum;
+  h.rank = rank;
+  h.job = job_id(job);
+  h.count = count;
+  h.chunks_on_shard = 1;
+  h.length = count * dtype_size(dtype);
+  return h;
+}
+
 wire::Control raw_hello(const std::string& job, uint32_t rank, uint32_t world, uint32_t version) {
   wire::Control m;
   auto* h = m.mutable_hello();

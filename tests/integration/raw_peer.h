@@ -63,6 +63,11 @@ class RawPeer {
 // `message` as a control frame: header and payload.
 std::string control_frame(const wire::Control& message);
 
+// Rank `rank`'s contribution to op 0 of `count` elements of `dtype`, the
+// whole op in one chunk.
+FrameHeader whole_op_contribution(const std::string& job, uint32_t rank, uint64_t count,
+                                  DType dtype = DType::kFloat32);
+
 // A worker's Hello for `job` (op timeout 5 s).
 wire::Control raw_hello(const std::string& job, uint32_t rank, uint32_t world,
                         uint32_t version = kProtocolVersion);

@@ -127,15 +127,8 @@ TEST_P(ReplayedResult, ReachesTheRankWithoutItUnchanged) {
     expect[i] = (a[i] + x[i]) / (c.redop == RedOp::kAverage ? 2.0 : 1.0);
   }
   const DType wire = wire_dtype(c);
-  FrameHeader h;
-  h.kind = FrameKind::kContribution;
-  h.dtype = wire;
+  FrameHeader h = whole_op_contribution(job, 1, kCount, wire);
   h.redop = c.redop;
-  h.rank = 1;
-  h.job = job_id(job);
-  h.count = kCount;
-  h.chunks_on_shard = 1;
-  h.length = kCount * dtype_size(wire);
   h.flags = c.wide_result ? kFrameFlagWideResult : 0;
   // The result as the reducer sends it: float32 sums when asked for.
   const DType result_dtype = c.wide_result ? DType::kFloat32 : wire;
@@ -237,15 +230,7 @@ TEST(Replay, AResultCutOffMidPayloadLeavesTheInputToSendAgain) {
     x[i] = static_cast<double>(100000 + i % 7);
     expect[i] = a[i] + x[i];
   }
-  FrameHeader h;
-  h.kind = FrameKind::kContribution;
-  h.dtype = DType::kFloat32;
-  h.redop = RedOp::kSum;
-  h.rank = 1;
-  h.job = job_id(job);
-  h.count = kCount;
-  h.chunks_on_shard = 1;
-  h.length = kCount * sizeof(float);
+  const FrameHeader h = whole_op_contribution(job, 1, kCount);
   const std::string input = encode(x, DType::kFloat32);
   wire::Control hello = raw_hello(job, 1, 2);
   hello.mutable_hello()->add_group_sizes(2);

@@ -35,21 +35,6 @@ std::string bytes_of(const std::vector<float>& v) {
   return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
 }
 
-// Rank `rank`'s contribution to op 0 of `count` floats, in one chunk.
-FrameHeader whole_op_contribution(const std::string& job, uint32_t rank, uint64_t count) {
-  FrameHeader h;
-  h.kind = FrameKind::kContribution;
-  h.dtype = DType::kFloat32;
-  h.rank = rank;
-  h.job = job_id(job);
-  h.op = 0;
-  h.count = count;
-  h.chunk = 0;
-  h.chunks_on_shard = 1;
-  h.length = count * sizeof(float);
-  return h;
-}
-
 wire::Control received(uint64_t op_below) {
   wire::Control m;
   m.mutable_received()->set_op_below(op_below);
