@@ -2,10 +2,10 @@
 
 The package is pure Python over libtally_c.so (ctypes), so one wheel serves
 every CPython from 3.9 and every torch: it is tagged py3-none-<platform>.
-The backend configures this repository with CMake (-DTALLY_WHEEL=ON: the
-library finds its neighbours through an RPATH of $ORIGIN, the reducer
-through $ORIGIN/../_lib), builds libtally_c.so and tally-reducer only, and
-zips:
+The backend builds libtally_c.so and tally-reducer with this repository's
+CMake (every build links them for the wheel: the library finds its
+neighbours through an RPATH of $ORIGIN, the reducer through
+$ORIGIN/../_lib) and zips:
 
     tally/*.py
     tally/_lib/libtally_c.so and every library it or the reducer links that
@@ -13,8 +13,10 @@ zips:
     tally/_bin/tally-reducer, run by the console script `tally-reducer`
 
 No setuptools or PyPI package is needed. The build tree is
-$TALLY_PIP_BUILD_DIR, else build/pip-wheel in the checkout, kept between
-builds so a second one only relinks.
+$TALLY_PIP_BUILD_DIR, else build/pip-wheel in the checkout (configured for
+Release on first use), kept between builds so a second one only relinks.
+$TALLY_PIP_BUILD_DIR may name any configured build tree of the checkout
+(build/, say): its two targets are brought up to date as it is configured.
 """
 
 import base64
@@ -51,7 +53,7 @@ def _build():
     if not os.path.exists(os.path.join(build_dir, "build.ninja")):
         subprocess.check_call([
             "cmake", "-S", ROOT, "-B", build_dir, "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
-            "-DTALLY_BUILD_TESTS=OFF", "-DTALLY_BUILD_PYTHON=OFF", "-DTALLY_WHEEL=ON",
+            "-DTALLY_BUILD_TESTS=OFF", "-DTALLY_BUILD_PYTHON=OFF",
         ], stdout=sys.stderr)
     subprocess.check_call(["cmake", "--build", build_dir, "--target", "tally_c", "tally-reducer",
                            "--", "-j%d" % (os.cpu_count() or 1)], stdout=sys.stderr)

@@ -25,8 +25,8 @@ def clean_env():
     env = {k: v for k, v in os.environ.items()
            if k not in ("PYTHONPATH", "TALLY_REDUCER", "TALLY_LIBRARY")}
     binary = os.environ.get("TALLY_BINARY_DIR")
-    if binary:  # one build tree across runs, kept in the CTest build tree
-        env["TALLY_PIP_BUILD_DIR"] = os.path.join(binary, "pip-wheel")
+    if binary:  # the CTest build tree's own libtally_c.so and reducer: nothing to compile
+        env["TALLY_PIP_BUILD_DIR"] = binary
     return env
 
 
