@@ -3,7 +3,6 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <limits>
 
 #include "tally.pb.h"
 #include "tally/protocol/chunking.h"
@@ -12,12 +11,6 @@
 #include "tally/reducer/kernels.h"
 
 namespace tally {
-
-// How many failed op ids a job remembers to answer late contributions.
-constexpr size_t kFailedOpsRemembered = 4096;
-// Ops in flight whose latency a job tracks: far more than a worker's window
-// of chunks can span.
-constexpr size_t kOpsTimed = 4096;
 
 namespace {
 
@@ -40,6 +33,27 @@ std::string ranks_string(const std::vector<uint32_t>& ranks) {
   return out;
 }
 
+namespace {
+
+// The groups with workers in the job, in order (one, where there are none).
+std::vector<uint32_t> participating_groups(const JobSettings& settings) {
+  if (settings.group_sizes.empty()) return {settings.group};
+  TALLY_CHECK_LT(settings.group, settings.group_sizes.size());
+  std::vector<uint32_t> groups;
+  for (uint32_t g = 0; g < settings.group_sizes.size(); ++g) {
+    if (settings.group_sizes[g] > 0) groups.push_back(g);
+  }
+  return groups;
+}
+
+// Where `group` is in `groups` (0 if it has no workers in the job).
+uint32_t index_of_group(const std::vector<uint32_t>& groups, uint32_t group) {
+  auto it = std::find(groups.begin(), groups.end(), group);
+  return it == groups.end() ? 0 : static_cast<uint32_t>(it - groups.begin());
+}
+
+}  // namespace
+
 Job::Job(JobSettings settings, std::shared_ptr<SlabQuota> quota, ReducerCounters& counters,
          std::shared_ptr<ReplicaMesh> mesh)
     : settings_(std::move(settings)),
@@ -47,6 +61,10 @@ Job::Job(JobSettings settings, std::shared_ptr<SlabQuota> quota, ReducerCounters
       quota_(std::move(quota)),
       counters_(counters),
       mesh_(std::move(mesh)),
+      participants_(participating_groups(settings_)),
+      my_index_(index_of_group(participants_, settings_.group)),
+      local_size_(settings_.group_sizes.empty() ? settings_.world_size
+                                                : settings_.group_sizes[settings_.group]),
       butterfly_{participants_, mesh_.get(), counters_.replica_bytes_sent,
                  [this](uint32_t group) { return left_group(group); },
                  [this](std::shared_ptr<Chunk> chunk) -> ReplicaMesh::SendDone {
@@ -58,23 +76,9 @@ Job::Job(JobSettings settings, std::shared_ptr<SlabQuota> quota, ReducerCounters
                  }},
       members_(settings_.world_size),
       memberless_since_(Clock::now()),
-      received_(settings_.world_size, 0),
-      reported_(settings_.world_size, false) {
-  if (settings_.group_sizes.empty()) {
-    participants_ = {settings_.group};
-    local_size_ = settings_.world_size;
-  } else {
-    for (uint32_t g = 0; g < settings_.group_sizes.size(); ++g) {
-      if (settings_.group_sizes[g] == 0) continue;
-      if (g == settings_.group) my_index_ = static_cast<uint32_t>(participants_.size());
-      participants_.push_back(g);
-    }
-    TALLY_CHECK_LT(settings_.group, settings_.group_sizes.size());
-    local_size_ = settings_.group_sizes[settings_.group];
-  }
+      round_(settings_.round),
+      marks_(settings_.world_size, local_size_, participants_.size(), my_index_) {
   TALLY_CHECK(participants_.size() == 1 || mesh_ != nullptr);
-  replica_marks_.resize(participants_.size());
-  round_ = settings_.round;
 }
 
 Job::~Job() = default;
@@ -98,31 +102,21 @@ Status Job::join(const std::shared_ptr<JobMember>& member) {
                                                  "' is already connected from " +
                                                  members_[rank]->peer());
   }
-  if (!joined_.count(rank) && joined_.size() >= local_size_) {
+  const std::set<uint32_t>& joined = marks_.ranks();
+  if (!joined.count(rank) && joined.size() >= local_size_) {
     return Status(ErrorCode::kInvalidArgument,
                   "group " + std::to_string(settings_.group) + " of job '" + name() +
                       "' already has its " + std::to_string(local_size_) + " workers (ranks " +
-                      ranks_string(std::vector<uint32_t>(joined_.begin(), joined_.end())) +
+                      ranks_string(std::vector<uint32_t>(joined.begin(), joined.end())) +
                       "); rank " + std::to_string(rank) +
                       " cannot join it (check TALLY_GROUP_SIZES)");
   }
   members_[rank] = member;
   rejoining_.erase(rank);
-  if (joined_.insert(rank).second) not_above_released_ = -1;
+  marks_.joined(rank);
   departed_.erase(rank);
-  if (received_[rank] == std::numeric_limits<uint64_t>::max()) {
-    // Back after leaving (leave): it has no results until it says so.
-    received_[rank] = 0;
-    reported_[rank] = false;
-    --reported_count_;
-    not_above_released_ = -1;
-  }
-  if (job_marks_known_) {
-    // After its Welcome (posted behind it): where the job's marks stand.
-    auto released = std::make_shared<wire::Control>();
-    released->mutable_released()->set_op_below(job_released_);
-    member->send_control(std::move(released));
-  }
+  // After its Welcome (posted behind it): where the job's marks stand.
+  if (auto released = job_mark_message_locked()) member->send_control(std::move(released));
   return Status::ok();
 }
 
@@ -140,8 +134,8 @@ bool Job::leave_locked(const JobMember* member, const Status& why, Departure how
   // back to it: every later op fails), so the others' results are released
   // without waiting for its mark; a worker holding a large op until its
   // release (docs/protocol.md, "Resuming") then ends it now.
-  if (rank < received_.size()) {
-    if (auto released = note_mark_locked(rank, std::numeric_limits<uint64_t>::max())) {
+  if (rank < settings_.world_size) {
+    if (auto released = note_mark_locked(rank, kLeftJob)) {
       for (auto& m : members_locked()) m->send_control(released);
       released_moved = true;
     }
@@ -182,21 +176,16 @@ std::vector<std::shared_ptr<JobMember>> Job::members_locked() const {
 
 void Job::fail_op_locked(uint64_t op, const Status& status, const std::vector<uint32_t>& ranks,
                          Forward forward) {
-  if (failed_ops_.count(op)) return;
+  if (failed_ops_.contains(op)) return;
   auto message = std::make_shared<const wire::Control>(make_error(status, op, ranks));
-  failed_ops_.emplace(op, message);
-  failed_order_.push_back(op);
-  if (failed_order_.size() > kFailedOpsRemembered) {
-    failed_ops_.erase(failed_order_.front());
-    failed_order_.pop_front();
-  }
+  failed_ops_.add(op, message);
   auto first = chunks_.lower_bound({op, 0});
   auto last = chunks_.lower_bound({op + 1, 0});
   size_t failed_chunks = 0;
   for (auto it = first; it != last; ++it, ++failed_chunks) it->second->fail();
   counters_.count_op_failed(status.code(), failed_chunks);
   chunks_.erase(first, last);
-  op_progress_.erase(op);
+  op_timings_.forget(op);
   early_.erase(early_.lower_bound({op, 0}), early_.lower_bound({op + 1, 0}));
   straggler_logged_.erase(op);
   spdlog::warn("job '{}' shard {} group {} op {} failed: {}", name(), settings_.shard,
@@ -219,146 +208,70 @@ void Job::fail_all_ops_locked(const Status& status, const std::vector<uint32_t>&
   for (uint64_t op : ops) fail_op_locked(op, status, ranks, forward);
 }
 
+namespace {
+
+// A replay is checked and filed as the contribution it stands for: the same
+// chunk, whose result has the replay's length and flags.
+FrameHeader as_contribution(const FrameHeader& replay) {
+  FrameHeader h = replay;
+  h.kind = FrameKind::kContribution;
+  if (replay.flags & kFrameFlagAccumulators) {  // 16-bit ops only (decode_header)
+    h.flags = kFrameFlagWideResult;
+    h.length =
+        replay.length / dtype_size(accumulator_dtype(replay.dtype)) * dtype_size(replay.dtype);
+  }
+  return h;
+}
+
+// Why a reducer whose chunk buffers hold `max_chunk_bytes` (0: unbounded)
+// cannot sum contribution `h`, if it cannot.
+std::optional<Status> unsummable(const FrameHeader& h, size_t max_chunk_bytes) {
+  if (!kernel_supports(h.dtype)) {
+    return Status(ErrorCode::kUnimplemented, "rank " + std::to_string(h.rank) + " sent " +
+                                                 std::string(dtype_name(h.dtype)) +
+                                                 ", which this reducer cannot sum yet");
+  }
+  const uint64_t elements = h.length / dtype_size(h.dtype);
+  if (const uint64_t most = max_piece_elements(max_chunk_bytes, h.dtype);
+      max_chunk_bytes > 0 && elements > most) {
+    return Status(ErrorCode::kInvalidArgument,
+                  "rank " + std::to_string(h.rank) + " sent a chunk of " +
+                      std::to_string(elements) + " " + std::string(dtype_name(h.dtype)) +
+                      " elements; this reducer sums at most " + std::to_string(most) +
+                      " per chunk (" + std::to_string(max_chunk_bytes) +
+                      "-byte buffers, 16-bit types accumulate in float32: lower "
+                      "TALLY_CHUNK_BYTES)");
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 PayloadAction Job::on_contribution_header(const std::shared_ptr<JobMember>& member,
                                           const FrameHeader& frame, PendingContribution& pending) {
-  // A replay is checked and filed as the contribution it stands for: the
-  // same chunk, whose result has the replay's length and flags.
   const bool replay = frame.kind == FrameKind::kReplay;
-  FrameHeader h = frame;
-  if (replay) {
-    h.kind = FrameKind::kContribution;
-    if (frame.flags & kFrameFlagAccumulators) {  // 16-bit ops only (decode_header)
-      h.flags = kFrameFlagWideResult;
-      h.length =
-          frame.length / dtype_size(accumulator_dtype(frame.dtype)) * dtype_size(frame.dtype);
-    }
-  }
+  const FrameHeader h = replay ? as_contribution(frame) : frame;
   std::unique_lock lock(mu_);
   if (h.rank >= members_.size() || members_[h.rank] != member) {
     // Sent before this stream's worker heard it was to rejoin (a new round
     // of the job): it sends the chunk again on its new stream.
     return PayloadAction::discard();
   }
-  if (auto failed = failed_ops_.find(h.op); failed != failed_ops_.end()) {
+  if (auto failed = failed_ops_.find(h.op)) {
     // This member may have joined after the failure was announced.
-    member->send_control(failed->second);
+    member->send_control(std::move(failed));
     return PayloadAction::discard();
   }
   if (lost_) {
     fail_op_locked(h.op, *lost_, lost_ranks_);
     return PayloadAction::discard();
   }
-  if (!kernel_supports(h.dtype)) {
-    fail_op_locked(h.op,
-                   Status(ErrorCode::kUnimplemented, "rank " + std::to_string(h.rank) + " sent " +
-                                                         std::string(dtype_name(h.dtype)) +
-                                                         ", which this reducer cannot sum yet"),
-                   {h.rank});
+  if (auto why = unsummable(h, settings_.max_chunk_bytes)) {
+    fail_op_locked(h.op, *why, {h.rank});
     return PayloadAction::discard();
   }
-  if (const uint64_t most = max_piece_elements(settings_.max_chunk_bytes, h.dtype);
-      settings_.max_chunk_bytes > 0 && h.length / dtype_size(h.dtype) > most) {
-    fail_op_locked(
-        h.op,
-        Status(ErrorCode::kInvalidArgument,
-               "rank " + std::to_string(h.rank) + " sent a chunk of " +
-                   std::to_string(h.length / dtype_size(h.dtype)) + " " +
-                   std::string(dtype_name(h.dtype)) + " elements; this reducer sums at most " +
-                   std::to_string(most) + " per chunk (" +
-                   std::to_string(settings_.max_chunk_bytes) +
-                   "-byte buffers, 16-bit types accumulate in float32: lower TALLY_CHUNK_BYTES)"),
-        {h.rank});
-    return PayloadAction::discard();
-  }
-  const ChunkKey key{h.op, h.chunk};
-  auto it = chunks_.find(key);
-  std::shared_ptr<Chunk> chunk;
-  if (it == chunks_.end()) {
-    std::vector<ButterflyStep> steps;
-    if (participants_.size() > 1) {
-      steps = butterfly_schedule(static_cast<uint32_t>(participants_.size()), my_index_,
-                                 h.length / dtype_size(h.dtype));
-    }
-    const auto now = Clock::now();
-    chunk = std::make_shared<Chunk>(h, now, now + settings_.op_timeout, settings_.world_size,
-                                    std::move(steps), round_);
-    chunks_.emplace(key, chunk);
-    if (auto [progress, added] = op_progress_.try_emplace(h.op); added) {
-      progress->second.began = now;
-      progress->second.expected = h.chunks_on_shard;  // >= 1 (decode_header)
-      progress->second.first_rank = h.rank;
-      // Bounded whatever the workers send: the oldest op is forgotten (it
-      // then goes unmeasured, never miscounted as failed).
-      if (op_progress_.size() > kOpsTimed) op_progress_.erase(op_progress_.begin());
-    }
-    if (auto early = early_.find(key); early != early_.end()) {
-      std::vector<EarlyPartial> partials = std::move(early->second);
-      early_.erase(early);
-      for (auto& p : partials) {
-        Status placed;
-        if (p.header.flags & kFrameFlagFinal) {
-          // No rank of this group is in yet: it waits for them.
-          chunk->on_final(p.from_group, p.header, std::move(p.slab), local_size_, butterfly_,
-                          placed);
-        } else {
-          placed = chunk->place(p.from_group, p.header, std::move(p.slab), butterfly_);
-        }
-        if (!placed.is_ok()) {
-          fail_op_locked(h.op, placed, {});
-          return PayloadAction::discard();
-        }
-      }
-    }
-  } else {
-    chunk = it->second;
-  }
-  const FrameHeader& m = chunk->meta();
-  // Every rank cuts the op with the same plan: the same chunk, and the same
-  // number of chunks on this shard (checked per chunk, and against the op's
-  // first chunk while the op is tracked).
-  uint64_t op_chunks = m.chunks_on_shard;
-  uint32_t op_rank = m.rank;
-  if (auto p = op_progress_.find(h.op); p != op_progress_.end()) {
-    op_chunks = p->second.expected;
-    op_rank = p->second.first_rank;
-  }
-  if (h.chunks_on_shard != m.chunks_on_shard || h.chunks_on_shard != op_chunks) {
-    const bool this_chunk = h.chunks_on_shard != m.chunks_on_shard;
-    fail_op_locked(
-        h.op,
-        Status(ErrorCode::kMismatch,
-               "ranks cut op " + std::to_string(h.op) + " differently: rank " +
-                   std::to_string(h.rank) + " puts " + std::to_string(h.chunks_on_shard) +
-                   " of its chunks on shard " + std::to_string(settings_.shard) + ", rank " +
-                   std::to_string(this_chunk ? m.rank : op_rank) + " puts " +
-                   std::to_string(this_chunk ? m.chunks_on_shard : op_chunks) +
-                   " (every rank must use the same TALLY_CHUNK_BYTES, and every "
-                   "reducer the same --max-chunk-bytes)"),
-        {this_chunk ? m.rank : op_rank, h.rank});
-    return PayloadAction::discard();
-  }
-  if (m.count != h.count || m.dtype != h.dtype || m.redop != h.redop || m.offset != h.offset ||
-      m.length != h.length || m.flags != h.flags) {
-    fail_op_locked(h.op,
-                   Status(ErrorCode::kMismatch,
-                          "contributions to op " + std::to_string(h.op) + " disagree: rank " +
-                              std::to_string(m.rank) + " sent " + chunk_shape(m) + ", rank " +
-                              std::to_string(h.rank) + " sent " + chunk_shape(h)),
-                   {m.rank, h.rank});
-    return PayloadAction::discard();
-  }
-  // Checked after agreement, so a mismatch is reported as such even when a
-  // rank that saw it has already left.
-  for (auto& [gone, reason] : departed_) {
-    if (chunk->seen(gone)) continue;
-    fail_op_locked(
-        h.op,
-        Status(ErrorCode::kPeerLost, "rank " + std::to_string(gone) + " has left job '" + name() +
-                                         "' (it said: " + reason + "); op " + std::to_string(h.op) +
-                                         " cannot complete without it"),
-        {gone});
-    return PayloadAction::discard();
-  }
+  std::shared_ptr<Chunk> chunk = chunk_for_locked(h);
+  if (!chunk || !agrees_locked(*chunk, h)) return PayloadAction::discard();
   if (chunk->seen(h.rank)) {
     return PayloadAction::close(Status(
         ErrorCode::kProtocol, "rank " + std::to_string(h.rank) + " contributed twice to op " +
@@ -389,6 +302,91 @@ PayloadAction Job::on_contribution_header(const std::shared_ptr<JobMember>& memb
   return PayloadAction::receive(pending.slab->first(at + h.length).subspan(at));
 }
 
+std::shared_ptr<Chunk> Job::chunk_for_locked(const FrameHeader& h) {
+  const ChunkKey key{h.op, h.chunk};
+  if (auto it = chunks_.find(key); it != chunks_.end()) return it->second;
+  std::vector<ButterflyStep> steps;
+  if (participants_.size() > 1) {
+    steps = butterfly_schedule(static_cast<uint32_t>(participants_.size()), my_index_,
+                               h.length / dtype_size(h.dtype));
+  }
+  const auto now = Clock::now();
+  auto chunk = std::make_shared<Chunk>(h, now, now + settings_.op_timeout, settings_.world_size,
+                                       std::move(steps), round_);
+  chunks_.emplace(key, chunk);
+  op_timings_.began(h.op, now, h.chunks_on_shard, h.rank);  // >= 1 chunk (decode_header)
+  auto early = early_.find(key);
+  if (early == early_.end()) return chunk;
+  std::vector<EarlyPartial> partials = std::move(early->second);
+  early_.erase(early);
+  for (auto& p : partials) {
+    Status placed;
+    if (p.header.flags & kFrameFlagFinal) {
+      // No rank of this group is in yet: it waits for them.
+      chunk->on_final(p.from_group, p.header, std::move(p.slab), local_size_, butterfly_, placed);
+    } else {
+      placed = chunk->place(p.from_group, p.header, std::move(p.slab), butterfly_);
+    }
+    if (!placed.is_ok()) {
+      fail_op_locked(h.op, placed, {});
+      return nullptr;
+    }
+  }
+  return chunk;
+}
+
+bool Job::agrees_locked(const Chunk& chunk, const FrameHeader& h) {
+  const FrameHeader& m = chunk.meta();
+  // Every rank cuts the op with the same plan: the same chunk, and the same
+  // number of chunks on this shard (checked per chunk, and against the op's
+  // first chunk while the op is tracked).
+  uint64_t op_chunks = m.chunks_on_shard;
+  uint32_t op_rank = m.rank;
+  if (const OpTimings::Op* timed = op_timings_.find(h.op)) {
+    op_chunks = timed->expected;
+    op_rank = timed->first_rank;
+  }
+  if (h.chunks_on_shard != m.chunks_on_shard || h.chunks_on_shard != op_chunks) {
+    const bool this_chunk = h.chunks_on_shard != m.chunks_on_shard;
+    const uint32_t other = this_chunk ? m.rank : op_rank;
+    fail_op_locked(
+        h.op,
+        Status(ErrorCode::kMismatch,
+               "ranks cut op " + std::to_string(h.op) + " differently: rank " +
+                   std::to_string(h.rank) + " puts " + std::to_string(h.chunks_on_shard) +
+                   " of its chunks on shard " + std::to_string(settings_.shard) + ", rank " +
+                   std::to_string(other) + " puts " +
+                   std::to_string(this_chunk ? m.chunks_on_shard : op_chunks) +
+                   " (every rank must use the same TALLY_CHUNK_BYTES, and every "
+                   "reducer the same --max-chunk-bytes)"),
+        {other, h.rank});
+    return false;
+  }
+  if (m.count != h.count || m.dtype != h.dtype || m.redop != h.redop || m.offset != h.offset ||
+      m.length != h.length || m.flags != h.flags) {
+    fail_op_locked(h.op,
+                   Status(ErrorCode::kMismatch,
+                          "contributions to op " + std::to_string(h.op) + " disagree: rank " +
+                              std::to_string(m.rank) + " sent " + chunk_shape(m) + ", rank " +
+                              std::to_string(h.rank) + " sent " + chunk_shape(h)),
+                   {m.rank, h.rank});
+    return false;
+  }
+  // Checked after agreement, so a mismatch is reported as such even when a
+  // rank that saw it has already left.
+  for (auto& [gone, reason] : departed_) {
+    if (chunk.seen(gone)) continue;
+    fail_op_locked(
+        h.op,
+        Status(ErrorCode::kPeerLost, "rank " + std::to_string(gone) + " has left job '" + name() +
+                                         "' (it said: " + reason + "); op " + std::to_string(h.op) +
+                                         " cannot complete without it"),
+        {gone});
+    return false;
+  }
+  return true;
+}
+
 void Job::on_contribution_payload(const FrameHeader& h, PendingContribution& pending) {
   counters_.bytes_received.fetch_add(h.length, std::memory_order_relaxed);
   std::shared_ptr<Chunk> chunk = std::move(pending.chunk);
@@ -403,7 +401,7 @@ void Job::on_contribution_payload(const FrameHeader& h, PendingContribution& pen
     bool released;
     {
       std::lock_guard lock(mu_);
-      released = chunk->op() < std::max(released_, job_released_);
+      released = chunk->op() < marks_.released_below();
     }
     if (released && chunk->end_released()) progress = Chunk::Progress::kDone;
   }
@@ -449,15 +447,10 @@ void Job::finish(const std::shared_ptr<Chunk>& chunk) {
     if (it == chunks_.end() || it->second != chunk) return;  // failed meanwhile
     chunks_.erase(it);
     straggler_logged_.erase(chunk->op());
-    if (participants_.size() > 1 && chunk->replayed() && chunk->op() >= released_) {
+    if (participants_.size() > 1 && chunk->replayed() && chunk->op() >= marks_.group_mark()) {
       finished_finals_.insert({chunk->op(), chunk->index()});
     }
-    if (auto p = op_progress_.find(chunk->op()); p != op_progress_.end()) {
-      if (++p->second.finished >= p->second.expected) {
-        op_began = p->second.began;
-        op_progress_.erase(p);
-      }
-    }
+    op_began = op_timings_.chunk_finished(chunk->op());
     for (uint32_t r = 0; r < members_.size(); ++r) {
       if (members_[r] && chunk->contributed(r, members_[r].get())) members.push_back(members_[r]);
     }
@@ -537,11 +530,11 @@ std::vector<uint32_t> Job::missing_locked(const std::vector<bool>& seen, std::st
     return ranks;
   }
   // Explicit groups: only the ranks that joined are known to be ours.
-  for (uint32_t r : joined_) {
+  for (uint32_t r : marks_.ranks()) {
     if (!seen[r]) ranks.push_back(r);
   }
-  if (joined_.size() < local_size_ && note) {
-    *note = " and " + std::to_string(local_size_ - joined_.size()) + " worker(s) of group " +
+  if (marks_.ranks().size() < local_size_ && note) {
+    *note = " and " + std::to_string(local_size_ - marks_.ranks().size()) + " worker(s) of group " +
             std::to_string(settings_.group) + " that never joined";
   }
   return ranks;

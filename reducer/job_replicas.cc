@@ -58,9 +58,9 @@ std::shared_ptr<const wire::Control> Job::replica_job_message_locked() const {
   rj->set_groups_explicit(settings_.groups_explicit);
   rj->set_authenticated(settings_.authenticated);
   rj->set_round(round_);
-  if (marks_known_) {
+  if (marks_.group_known()) {
     rj->set_has_mark(true);
-    rj->set_mark(released_);
+    rj->set_mark(marks_.group_mark());
   }
   return message;
 }
@@ -79,7 +79,7 @@ void Job::start_round_locked(uint64_t round, const std::string& why) {
   }
   chunks_.clear();
   early_.clear();
-  op_progress_.clear();
+  op_timings_.clear();
   straggler_logged_.clear();
   finished_finals_.clear();
   // Every member sends its ops in flight again on a new stream: chunks
@@ -114,11 +114,7 @@ void Job::on_replica_round(uint32_t group, uint64_t round, std::optional<uint64_
     std::lock_guard lock(mu_);
     auto it = std::find(participants_.begin(), participants_.end(), group);
     if (it == participants_.end() || group == settings_.group) return;
-    if (mark) {
-      auto& known = replica_marks_[it - participants_.begin()];
-      known = std::max(known.value_or(0), *mark);
-      if ((released = released_locked(false))) members = members_locked();
-    }
+    if (mark && (released = replica_said_mark_locked(group, *mark))) members = members_locked();
     if (round > round_) {
       if (lost_ || retired_) {
         round_ = round;
@@ -144,9 +140,7 @@ void Job::on_replica_mark(uint32_t group, uint64_t mark) {
     std::lock_guard lock(mu_);
     auto it = std::find(participants_.begin(), participants_.end(), group);
     if (it == participants_.end() || group == settings_.group) return;
-    auto& known = replica_marks_[it - participants_.begin()];
-    known = std::max(known.value_or(0), mark);
-    released = released_locked(false);
+    released = replica_said_mark_locked(group, mark);
     if (!released) return;
     members = members_locked();
   }
@@ -185,9 +179,9 @@ PayloadAction Job::on_partial_header(uint32_t from_group, const FrameHeader& h,
     }
   }
   if (stale_partial_locked(h)) return PayloadAction::discard();
-  if (auto failed = failed_ops_.find(h.op); failed != failed_ops_.end()) {
+  if (auto failed = failed_ops_.find(h.op)) {
     // It may not have heard of the failure yet.
-    mesh_->send_control(from_group, replica_error_message(name(), failed->second->error()));
+    mesh_->send_control(from_group, replica_error_message(name(), failed->error()));
     return PayloadAction::discard();
   }
   if (lost_) {
@@ -207,7 +201,7 @@ bool Job::stale_partial_locked(const FrameHeader& h) const {
   // mark, so their chunks here are finished: a partial for one was sent by
   // a replica that had not heard of a final result yet, and a final came
   // from a second replica with a replay.
-  return h.op < std::max(released_, job_released_) || finished_finals_.count({h.op, h.chunk}) > 0;
+  return h.op < marks_.released_below() || finished_finals_.count({h.op, h.chunk}) > 0;
 }
 
 void Job::on_partial_payload(const FrameHeader& h, PendingPartial& pending) {
@@ -220,7 +214,7 @@ void Job::on_partial_payload(const FrameHeader& h, PendingPartial& pending) {
   {
     std::lock_guard lock(mu_);
     // A new round began while it arrived, or it became unneeded.
-    if (round != round_ || stale_partial_locked(h) || failed_ops_.count(h.op)) return;
+    if (round != round_ || stale_partial_locked(h) || failed_ops_.contains(h.op)) return;
     auto it = chunks_.find({h.op, h.chunk});
     if (it == chunks_.end()) {
       early_[{h.op, h.chunk}].push_back({from, h, std::move(slab), Clock::now()});

@@ -113,7 +113,6 @@ Result<std::shared_ptr<Job>> JobTable::admit(const wire::Hello& hello, bool auth
 
 Result<std::shared_ptr<Job>> JobTable::create_locked(JobSettings settings) {
   settings.shard = options_.shard;
-  settings.shard_count = options_.shard_count;
   settings.group = options_.group;
   settings.max_chunk_bytes = options_.max_chunk_bytes;
   size_t participants = 0;

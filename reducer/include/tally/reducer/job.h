@@ -21,7 +21,6 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -29,7 +28,6 @@
 #include <optional>
 #include <set>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "tally/protocol/frame.h"
@@ -37,6 +35,8 @@
 #include "tally/protocol/transport.h"
 #include "tally/reducer/butterfly.h"
 #include "tally/reducer/chunk.h"
+#include "tally/reducer/op_memory.h"
+#include "tally/reducer/release_marks.h"
 #include "tally/reducer/replica_mesh.h"
 #include "tally/reducer/slab_pool.h"
 
@@ -69,8 +69,6 @@ struct JobSettings {
   std::string name;
   uint32_t world_size = 1;
   uint32_t shard = 0;
-  // Shards in the pool: chunk k of an op goes to shard k mod shard_count.
-  uint32_t shard_count = 1;
   // This reducer's replica group, and the workers of the job in each group
   // (empty: one group of world_size).
   uint32_t group = 0;
@@ -253,9 +251,6 @@ class Job : public std::enable_shared_from_this<Job> {
   void fail_op_locked(uint64_t op, const Status& status, const std::vector<uint32_t>& ranks,
                       Forward forward = Forward::kYes);
   // Fails every op in flight here; mu_ held.
-  // on_received's bookkeeping under mu_: the Released to send every
-  // member, or null when the least mark has not moved.
-  std::shared_ptr<const wire::Control> note_mark_locked(uint32_t rank, uint64_t op_below);
   void fail_all_ops_locked(const Status& status, const std::vector<uint32_t>& ranks,
                            Forward forward);
   // Starts round `round` (> round_): drops every chunk in flight, asks each
@@ -268,10 +263,16 @@ class Job : public std::enable_shared_from_this<Job> {
   std::shared_ptr<const wire::Control> replica_job_message_locked() const;
   // A partial (or final) for a chunk whose result this group has: dropped.
   bool stale_partial_locked(const FrameHeader& h) const;
-  // The Released every member is to be told when the job's least mark
-  // (over this group's ranks and the other replicas' groups) has moved;
-  // null otherwise; mu_ held.
-  std::shared_ptr<const wire::Control> released_locked(bool announce);
+  // A rank's Received mark (kLeftJob: it left): when the group's mark
+  // moves, the other replicas are told (ReplicaMark); returns the Released
+  // to send every member, or null when the job's mark has not moved; mu_
+  // held (job_marks.cc, with the next three).
+  static constexpr uint64_t kLeftJob = UINT64_MAX;
+  std::shared_ptr<const wire::Control> note_mark_locked(uint32_t rank, uint64_t op_below);
+  // The replica of `group` said its group's mark: the Released to send, or null.
+  std::shared_ptr<const wire::Control> replica_said_mark_locked(uint32_t group, uint64_t mark);
+  // Where the job's mark stands as a Released, null before it is known.
+  std::shared_ptr<const wire::Control> job_mark_message_locked() const;
   // After the job's least mark or this group's moved: ends what this
   // reducer holds of the ops below them, whose results this group's ranks
   // all have (a replica, or a rank that resumed from an older mark, sent
@@ -280,6 +281,12 @@ class Job : public std::enable_shared_from_this<Job> {
   // leave() under mu_: whether the job's least mark moved.
   bool leave_locked(const JobMember* member, const Status& why, Departure how);
   void finish(const std::shared_ptr<Chunk>& chunk);
+  // The chunk contribution `h` goes to, made (with the partials that came
+  // before it) if it is the first; null if the op failed meanwhile; mu_ held.
+  std::shared_ptr<Chunk> chunk_for_locked(const FrameHeader& h);
+  // Whether `h` agrees with the chunk's first contribution and the op's
+  // plan, and no rank the op needs has left; fails the op if not; mu_ held.
+  bool agrees_locked(const Chunk& chunk, const FrameHeader& h);
   // Acts on a chunk's progress; no lock held.
   void settle(const std::shared_ptr<Chunk>& chunk, Chunk::Progress progress, const Status& why);
   // The ranks of this group missing from `seen`, and a note on group
@@ -310,7 +317,6 @@ class Job : public std::enable_shared_from_this<Job> {
 
   mutable std::mutex mu_;
   std::vector<std::shared_ptr<JobMember>> members_;  // by rank
-  std::set<uint32_t> joined_;                        // ranks that ever joined here
   Clock::time_point memberless_since_;
   bool retired_ = false;
   // Rounds (docs/protocol.md, "Resuming with replica groups"): this one,
@@ -334,35 +340,12 @@ class Job : public std::enable_shared_from_this<Job> {
   std::map<ChunkKey, std::vector<EarlyPartial>> early_;
   std::map<uint32_t, std::string> departed_;  // ranks that said goodbye, and why
   std::map<ChunkKey, std::shared_ptr<Chunk>> chunks_;
-  // Ops already failed here, with the error every member was sent, so a
-  // late contribution is answered with the same error instead of summed.
-  std::unordered_map<uint64_t, std::shared_ptr<const wire::Control>> failed_ops_;
-  std::deque<uint64_t> failed_order_;
-  std::set<uint64_t> straggler_logged_;
-  // Ops with chunks in flight here: when the first began, and how many of
-  // the chunks this shard gets are finished (for the op-latency histogram).
-  struct OpProgress {
-    Clock::time_point began;
-    uint64_t expected = 0;    // the first contribution's chunks_on_shard
-    uint32_t first_rank = 0;  // who sent it
-    uint64_t finished = 0;
-  };
-  std::map<uint64_t, OpProgress> op_progress_;
-  // Received marks by rank, the least of them last told to the members,
-  // and how many of this group's ranks are not above it (-1: to count).
-  std::vector<uint64_t> received_;
-  uint64_t released_ = 0;  // this group's least mark
-  // With replica groups: the other participants' least marks (by index in
-  // participants_; unset until said), and the least of all told to members.
-  std::vector<std::optional<uint64_t>> replica_marks_;
-  uint64_t job_released_ = 0;
-  bool job_marks_known_ = false;
-  int64_t not_above_released_ = -1;
-  // Ranks that have said a mark; once all of the group have, the least
-  // is known (and was told to every member).
-  std::vector<bool> reported_;
-  uint32_t reported_count_ = 0;
-  bool marks_known_ = false;
+  FailedOps failed_ops_;
+  OpTimings op_timings_;
+  std::set<uint64_t> straggler_logged_;  // ops sweep() has logged as straggling
+  // Received marks, by rank and by group (the ranks that ever joined
+  // here are its ranks()).
+  ReleaseMarks marks_;
 };
 
 }  // namespace tally
