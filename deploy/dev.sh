@@ -3,7 +3,7 @@
 #   deploy/dev.sh bench [tally-bench flags]   set up, build, run a local pool + 4 workers, print the table and the comparison with Gloo and MPI
 #   deploy/dev.sh test                        set up, build, run every test (plain, ASan+UBSan, TSan, then the fuzz targets; python tests in the plain build)
 #   deploy/dev.sh setup | build               the steps on their own
-#   deploy/dev.sh format | check-format       clang-format the tree in place, or only check it
+#   deploy/dev.sh format | check-format       clang-format and black the tree in place, or only check it (and pyflakes)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -11,6 +11,8 @@ PACKAGES=(
   build-essential cmake ninja-build pkg-config git
   libboost-dev protobuf-compiler libprotobuf-dev libspdlog-dev libfmt-dev libcli11-dev
   libgtest-dev libgmock-dev libbenchmark-dev clang-format
+  # Python's formatter and linter (pyproject.toml's [tool.black]).
+  black pyflakes3
   libfabric-dev libfabric-bin iproute2
   # The fuzz targets (tests/fuzz): clang and its libFuzzer runtime.
   clang libclang-rt-14-dev
@@ -88,14 +90,22 @@ run_tests() {
 # The C++ files of the tree: tracked, or new and not ignored (generated code
 # lives in build directories, which git ignores).
 cxx_files() { git ls-files -z --cached --others --exclude-standard '*.cc' '*.h'; }
+py_files() { git ls-files -z --cached --others --exclude-standard '*.py'; }
 
 cmd=${1:-}
 [ $# -gt 0 ] && shift
 case "$cmd" in
   setup) setup ;;
   build) setup; build build ;;
-  format) cxx_files | xargs -0 clang-format -i ;;
-  check-format) cxx_files | xargs -0 clang-format --dry-run -Werror ;;
+  format)
+    cxx_files | xargs -0 clang-format -i
+    py_files | xargs -0 black -q
+    ;;
+  check-format)
+    cxx_files | xargs -0 clang-format --dry-run -Werror
+    py_files | xargs -0 black -q --check --diff
+    py_files | xargs -0 pyflakes3
+    ;;
   bench)
     setup
     BUILD_TARGETS="tally-bench tally-reducer" build build >&2

@@ -79,28 +79,57 @@ def main():
     p.add_argument("--iters", type=int, default=20)
     args = p.parse_args()
     sizes = [parse_size(s) for s in args.sizes.split(",")]
-    with tempfile.TemporaryDirectory() as tmp, \
-            tally.pool.LocalPool(shards=args.shards, reducer=args.reducer,
-                                 args=["--log-level", "warn"]) as pool:
+    with tempfile.TemporaryDirectory() as tmp, tally.pool.LocalPool(
+        shards=args.shards, reducer=args.reducer, args=["--log-level", "warn"]
+    ) as pool:
         bench = {}
         for nbytes in sizes:
             path = os.path.join(tmp, "bench-%d.json" % nbytes)
-            subprocess.run([args.bench, "--pool", pool.address, "-W", str(args.workers), "-b", str(nbytes),
-                            "-e", str(nbytes), "-o", "avg", "-w", str(args.warmup), "-n", str(args.iters),
-                            "--json", path], check=True, stdout=subprocess.DEVNULL)
+            subprocess.run(
+                [
+                    args.bench,
+                    "--pool",
+                    pool.address,
+                    "-W",
+                    str(args.workers),
+                    "-b",
+                    str(nbytes),
+                    "-e",
+                    str(nbytes),
+                    "-o",
+                    "avg",
+                    "-w",
+                    str(args.warmup),
+                    "-n",
+                    str(args.iters),
+                    "--json",
+                    path,
+                ],
+                check=True,
+                stdout=subprocess.DEVNULL,
+            )
             with open(path) as f:
                 rows = json.load(f)
             bench[nbytes] = rows["rows"][0]["time_us"]
         out = os.path.join(tmp, "hook.json")
-        mp.spawn(worker, args=(args, pool.address, "bench-hook-%d" % os.getpid(), sizes, out),
-                 nprocs=args.workers, join=True)
+        mp.spawn(
+            worker,
+            args=(args, pool.address, "bench-hook-%d" % os.getpid(), sizes, out),
+            nprocs=args.workers,
+            join=True,
+        )
         with open(out) as f:
             hook = {int(k): v for k, v in json.load(f).items()}
-    print("# W=%d S=%d, op avg, float32, warm-up %d, timed %d; time is the mean over ranks"
-          % (args.workers, args.shards, args.warmup, args.iters))
+    print(
+        "# W=%d S=%d, op avg, float32, warm-up %d, timed %d; time is the mean over ranks"
+        % (args.workers, args.shards, args.warmup, args.iters)
+    )
     print("%12s %16s %16s %8s" % ("size", "tally-bench(us)", "hook(us)", "ratio"))
     for nbytes in sizes:
-        print("%12d %16.1f %16.1f %8.3f" % (nbytes, bench[nbytes], hook[nbytes], hook[nbytes] / bench[nbytes]))
+        print(
+            "%12d %16.1f %16.1f %8.3f"
+            % (nbytes, bench[nbytes], hook[nbytes], hook[nbytes] / bench[nbytes])
+        )
 
 
 if __name__ == "__main__":

@@ -35,12 +35,21 @@ def parse_args(argv=None):
     p.add_argument("-W", "--workers", type=int, default=4)
     p.add_argument("-S", "--shards", type=int, default=4, help="reducers of the pool")
     p.add_argument("--steps", type=int, default=8, help="steps per mode (the first 2 not timed)")
-    p.add_argument("--seq-len", type=int, default=8,
-                   help="tokens per sample (one sample per rank): the compute of a step")
-    p.add_argument("--modes", default=",".join(MODES), help="comma-separated train_ddp --backend values")
+    p.add_argument(
+        "--seq-len",
+        type=int,
+        default=8,
+        help="tokens per sample (one sample per rank): the compute of a step",
+    )
+    p.add_argument(
+        "--modes", default=",".join(MODES), help="comma-separated train_ddp --backend values"
+    )
     p.add_argument("--link-rate", help="tell the pool its links' rate (default: not told)")
-    p.add_argument("--bench", default=os.environ.get("TALLY_BENCH") or
-                   os.path.join(HERE, "..", "build", "bench", "tally-bench"))
+    p.add_argument(
+        "--bench",
+        default=os.environ.get("TALLY_BENCH")
+        or os.path.join(HERE, "..", "build", "bench", "tally-bench"),
+    )
     p.add_argument("--json", help="write every mode's result here")
     p.add_argument("train_args", nargs="*", help="after --: more train_ddp.py arguments")
     return p.parse_args(argv)
@@ -48,11 +57,37 @@ def parse_args(argv=None):
 
 def run_mode(args, mode, out):
     told = ["--link-rate", args.link_rate] if args.link_rate else []
-    cmd = [args.bench, "run", "-W", str(args.workers), "-r", str(args.shards),
-           "--netlab", args.netlab] + told + ["--", sys.executable, os.path.join(HERE, "train_ddp.py"),
-           "--backend", mode, "--steps", str(args.steps), "--model", "transformer",
-           "--batch-size", str(args.workers), "--seq-len", str(args.seq_len),
-           "--json", out] + args.train_args
+    cmd = (
+        [
+            args.bench,
+            "run",
+            "-W",
+            str(args.workers),
+            "-r",
+            str(args.shards),
+            "--netlab",
+            args.netlab,
+        ]
+        + told
+        + [
+            "--",
+            sys.executable,
+            os.path.join(HERE, "train_ddp.py"),
+            "--backend",
+            mode,
+            "--steps",
+            str(args.steps),
+            "--model",
+            "transformer",
+            "--batch-size",
+            str(args.workers),
+            "--seq-len",
+            str(args.seq_len),
+            "--json",
+            out,
+        ]
+        + args.train_args
+    )
     print("# " + " ".join(cmd), flush=True)
     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if r.returncode != 0:
@@ -70,18 +105,29 @@ def main(argv=None):
     floor = results["none"]["median_step_ms"] if "none" in results else None
     gloo = results["gloo"]["median_step_ms"] if "gloo" in results else None
     params = next(iter(results.values()))["params"]
-    print("# step time, W=%d, S=%d, %s links (network lab), link rate %s, %d parameters (%.0f MB "
-          "of float32 gradients), median of steps 2..%d"
-          % (args.workers, args.shards, args.netlab,
-             "told: " + args.link_rate if args.link_rate else "not told", params,
-             params * 4 / 1e6, args.steps - 1))
+    print(
+        "# step time, W=%d, S=%d, %s links (network lab), link rate %s, %d parameters (%.0f MB "
+        "of float32 gradients), median of steps 2..%d"
+        % (
+            args.workers,
+            args.shards,
+            args.netlab,
+            "told: " + args.link_rate if args.link_rate else "not told",
+            params,
+            params * 4 / 1e6,
+            args.steps - 1,
+        )
+    )
     print("# comm = step - floor (the step with no communication); comm/gloo = comm / gloo's comm")
     print("%-12s %12s %12s %12s" % ("mode", "step(ms)", "comm(ms)", "comm/gloo"))
     for mode, r in results.items():
         step = r["median_step_ms"]
         comm = step - floor if floor is not None else float("nan")
-        ratio = comm / (gloo - floor) if floor is not None and gloo is not None and gloo > floor \
+        ratio = (
+            comm / (gloo - floor)
+            if floor is not None and gloo is not None and gloo > floor
             else float("nan")
+        )
         print("%-12s %12.1f %12.1f %12.3f" % (mode, step, comm, ratio))
     if args.json:
         with open(args.json, "w") as f:

@@ -72,8 +72,11 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP's bucket size")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    p.add_argument("--stage-host", action="store_true",
-                   help="tally modes: stage CPU buckets as CUDA ones are (tally.staging)")
+    p.add_argument(
+        "--stage-host",
+        action="store_true",
+        help="tally modes: stage CPU buckets as CUDA ones are (tally.staging)",
+    )
     p.add_argument("--shards", type=int, default=2, help="reducers of the local pool")
     p.add_argument("--reducer", help="tally-reducer binary for the local pool")
     p.add_argument("--pool", help="use this pool (host:port,...) (TALLY_POOL wins)")
@@ -94,8 +97,9 @@ class TokenClassifier(nn.Module):
     def __init__(self, args):
         super().__init__()
         self.embed = nn.Embedding(args.vocab, args.d_model)
-        layer = nn.TransformerEncoderLayer(args.d_model, nhead=8, dim_feedforward=4 * args.d_model,
-                                           dropout=0.0, batch_first=True)
+        layer = nn.TransformerEncoderLayer(
+            args.d_model, nhead=8, dim_feedforward=4 * args.d_model, dropout=0.0, batch_first=True
+        )
         self.encoder = nn.TransformerEncoder(layer, args.layers)
         self.head = nn.Linear(args.d_model, args.classes)
 
@@ -107,9 +111,12 @@ def make_model(args):
     if args.model == "transformer":
         return TokenClassifier(args)
     return nn.Sequential(
-        nn.Linear(args.features, args.hidden), nn.ReLU(),
-        nn.Linear(args.hidden, args.hidden), nn.ReLU(),
-        nn.Linear(args.hidden, args.classes))
+        nn.Linear(args.features, args.hidden),
+        nn.ReLU(),
+        nn.Linear(args.hidden, args.hidden),
+        nn.ReLU(),
+        nn.Linear(args.hidden, args.classes),
+    )
 
 
 def make_data(args, n=8192):
@@ -139,9 +146,14 @@ def attach(args, ddp, rank, world, pool, job):
     elif args.backend == "none":
         ddp.register_comm_hook(None, _keep_local)
     elif args.backend in ("tally", "tally-bf16"):
-        client = tally.Client(pool=pool, job=job, rank=rank, world_size=world,
-                              op_timeout_ms=args.op_timeout_ms,
-                              wire_dtype="bfloat16" if args.backend == "tally-bf16" else None)
+        client = tally.Client(
+            pool=pool,
+            job=job,
+            rank=rank,
+            world_size=world,
+            op_timeout_ms=args.op_timeout_ms,
+            wire_dtype="bfloat16" if args.backend == "tally-bf16" else None,
+        )
         state = client
         if args.stage_host:
             state = tally.staging.Stager(client, tally.staging.HostCopier())
@@ -159,8 +171,11 @@ def worker(rank, args, pool, job, init_method):
         os.environ.setdefault("TALLY_OP_TIMEOUT_MS", str(args.op_timeout_ms))
     group = {"tally-pg": "tally", "nccl": "nccl"}.get(args.backend, "gloo")
     dist.init_process_group(group, init_method=init_method, rank=rank, world_size=world)
-    device = torch.device("cuda", rank % torch.cuda.device_count()) if args.device == "cuda" \
+    device = (
+        torch.device("cuda", rank % torch.cuda.device_count())
+        if args.device == "cuda"
         else torch.device("cpu")
+    )
     torch.manual_seed(args.seed)
     model = make_model(args).to(device)
     ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb)
@@ -177,7 +192,7 @@ def worker(rank, args, pool, job, init_method):
         for step in range(args.steps):
             start = time.perf_counter()
             batch = torch.randint(0, x.shape[0], (args.batch_size,), generator=order)
-            mine = batch[rank * per_rank:(rank + 1) * per_rank]
+            mine = batch[rank * per_rank : (rank + 1) * per_rank]
             opt.zero_grad(set_to_none=True)
             out = ddp(x[mine].to(device))
             target = y[mine].to(device)
@@ -188,11 +203,17 @@ def worker(rank, args, pool, job, init_method):
             elapsed = time.perf_counter() - start
             times.append(elapsed)
             if rank == 0:
-                print("step %3d  loss %.6f  time_ms %.2f" % (step, losses[-1], elapsed * 1e3), flush=True)
+                print(
+                    "step %3d  loss %.6f  time_ms %.2f" % (step, losses[-1], elapsed * 1e3),
+                    flush=True,
+                )
     except Exception as e:
-        print("rank %d failed at step %d after %.3f s: %s: %s"
-              % (rank, len(losses), time.perf_counter() - start, type(e).__name__, e),
-              file=sys.stderr, flush=True)
+        print(
+            "rank %d failed at step %d after %.3f s: %s: %s"
+            % (rank, len(losses), time.perf_counter() - start, type(e).__name__, e),
+            file=sys.stderr,
+            flush=True,
+        )
         raise
     # Mean over ranks of the local losses: the loss of the global batch.
     mean = torch.tensor(losses, dtype=torch.float64)
@@ -201,24 +222,39 @@ def worker(rank, args, pool, job, init_method):
     if rank == 0:
         steady = sorted(times[2:] or times)
         result = {
-            "backend": args.backend, "world_size": world, "steps": args.steps,
-            "model": args.model, "device": args.device,
+            "backend": args.backend,
+            "world_size": world,
+            "steps": args.steps,
+            "model": args.model,
+            "device": args.device,
             "params": sum(p.numel() for p in model.parameters()),
-            "loss": mean.tolist(), "step_ms": [t * 1e3 for t in times],
+            "loss": mean.tolist(),
+            "step_ms": [t * 1e3 for t in times],
             "median_step_ms": steady[len(steady) // 2] * 1e3,
             "mean_step_ms": sum(steady) / len(steady) * 1e3,
         }
-        print("# backend=%s W=%d model=%s params=%d median step %.2f ms, mean %.2f ms (steps 2..)"
-              % (args.backend, world, args.model, result["params"], result["median_step_ms"],
-                 result["mean_step_ms"]), flush=True)
+        print(
+            "# backend=%s W=%d model=%s params=%d median step %.2f ms, mean %.2f ms (steps 2..)"
+            % (
+                args.backend,
+                world,
+                args.model,
+                result["params"],
+                result["median_step_ms"],
+                result["mean_step_ms"],
+            ),
+            flush=True,
+        )
         for i, v in enumerate(result["loss"]):
             print("mean_loss %3d %.6f" % (i, v))
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(result, f, indent=1)
         if args.save_params:
-            torch.save({k: v.detach().cpu().clone() for k, v in model.state_dict().items()},
-                       args.save_params)
+            torch.save(
+                {k: v.detach().cpu().clone() for k, v in model.state_dict().items()},
+                args.save_params,
+            )
     if client is not None:
         client.close()
     dist.destroy_process_group()
@@ -235,7 +271,8 @@ def main(argv=None):
     # One job name for every rank: torchrun's run and incarnation when it
     # launched us, else this launcher's pid.
     job = os.environ.get("TALLY_JOB") or "train-ddp-%s" % (
-        os.environ.get("TORCHELASTIC_RUN_ID", os.getpid()))
+        os.environ.get("TORCHELASTIC_RUN_ID", os.getpid())
+    )
     if launched:
         if args.backend.startswith("tally") and not pool:
             sys.exit("train_ddp: set TALLY_POOL (or --pool) when a launcher starts the ranks")
@@ -249,12 +286,17 @@ def main(argv=None):
     with tempfile.TemporaryDirectory(prefix="train-ddp-") as tmp:
         try:
             if args.backend.startswith("tally") and not pool:
-                local_pool = tally.pool.LocalPool(shards=args.shards, reducer=args.reducer,
-                                                  args=["--log-level", "warn"])
+                local_pool = tally.pool.LocalPool(
+                    shards=args.shards, reducer=args.reducer, args=["--log-level", "warn"]
+                )
                 pool = local_pool.address
                 print("# local pool %s" % pool, flush=True)
-            mp.spawn(worker, args=(args, pool, job, "file://" + os.path.join(tmp, "init")),
-                     nprocs=args.world_size, join=True)
+            mp.spawn(
+                worker,
+                args=(args, pool, job, "file://" + os.path.join(tmp, "init")),
+                nprocs=args.world_size,
+                join=True,
+            )
         except mp.ProcessRaisedException as e:
             print("train_ddp: a rank failed:\n%s" % e, file=sys.stderr, flush=True)
             return 1

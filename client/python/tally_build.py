@@ -30,12 +30,16 @@ import zipfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NAME = "tally"
-SUMMARY = ("Client of the tally reduction server: all-reduce, a PyTorch DDP communication hook "
-           "and a torch.distributed backend")
+SUMMARY = (
+    "Client of the tally reduction server: all-reduce, a PyTorch DDP communication hook "
+    "and a torch.distributed backend"
+)
 # Libraries every Linux with a glibc at least as new as the build's has, and
 # that must be the process's own (torch's libstdc++ is the one loaded).
-SYSTEM = re.compile(r"^(linux-vdso|ld-linux|libc|libm|libdl|libpthread|librt|libresolv|libutil|"
-                    r"libstdc\+\+|libgcc_s)[.-]")
+SYSTEM = re.compile(
+    r"^(linux-vdso|ld-linux|libc|libm|libdl|libpthread|librt|libresolv|libutil|"
+    r"libstdc\+\+|libgcc_s)[.-]"
+)
 
 
 def _version():
@@ -51,14 +55,38 @@ def _tag():
 def _build():
     build_dir = os.environ.get("TALLY_PIP_BUILD_DIR") or os.path.join(ROOT, "build", "pip-wheel")
     if not os.path.exists(os.path.join(build_dir, "build.ninja")):
-        subprocess.check_call([
-            "cmake", "-S", ROOT, "-B", build_dir, "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
-            "-DTALLY_BUILD_TESTS=OFF", "-DTALLY_BUILD_PYTHON=OFF",
-        ], stdout=sys.stderr)
-    subprocess.check_call(["cmake", "--build", build_dir, "--target", "tally_c", "tally-reducer",
-                           "--", "-j%d" % (os.cpu_count() or 1)], stdout=sys.stderr)
-    return (os.path.join(build_dir, "client", "libtally_c.so"),
-            os.path.join(build_dir, "reducer", "tally-reducer"))
+        subprocess.check_call(
+            [
+                "cmake",
+                "-S",
+                ROOT,
+                "-B",
+                build_dir,
+                "-G",
+                "Ninja",
+                "-DCMAKE_BUILD_TYPE=Release",
+                "-DTALLY_BUILD_TESTS=OFF",
+                "-DTALLY_BUILD_PYTHON=OFF",
+            ],
+            stdout=sys.stderr,
+        )
+    subprocess.check_call(
+        [
+            "cmake",
+            "--build",
+            build_dir,
+            "--target",
+            "tally_c",
+            "tally-reducer",
+            "--",
+            "-j%d" % (os.cpu_count() or 1),
+        ],
+        stdout=sys.stderr,
+    )
+    return (
+        os.path.join(build_dir, "client", "libtally_c.so"),
+        os.path.join(build_dir, "reducer", "tally-reducer"),
+    )
 
 
 def _dependencies(*binaries):
@@ -72,8 +100,10 @@ def _dependencies(*binaries):
                 continue
             soname, path = m.groups()
             if path == "not":
-                raise RuntimeError("%s: %s is not found (install the build's dependencies: "
-                                   "deploy/dev.sh setup)" % (binary, soname))
+                raise RuntimeError(
+                    "%s: %s is not found (install the build's dependencies: "
+                    "deploy/dev.sh setup)" % (binary, soname)
+                )
             if not SYSTEM.match(soname):
                 found[soname] = os.path.realpath(path)
     return found
@@ -85,8 +115,11 @@ def _record_line(path, data):
 
 
 def _metadata(version):
-    return ("Metadata-Version: 2.1\nName: %s\nVersion: %s\nSummary: %s\nRequires-Python: >=3.9\n"
-            % (NAME, version, SUMMARY))
+    return "Metadata-Version: 2.1\nName: %s\nVersion: %s\nSummary: %s\nRequires-Python: >=3.9\n" % (
+        NAME,
+        version,
+        SUMMARY,
+    )
 
 
 def get_requires_for_build_wheel(config_settings=None):
@@ -109,7 +142,10 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
     info = "%s-%s.dist-info" % (NAME, version)
     sources = os.path.join(ROOT, "client", "python", NAME)
     records = []
-    with zipfile.ZipFile(os.path.join(wheel_directory, wheel_name), "w", zipfile.ZIP_DEFLATED) as whl:
+    with zipfile.ZipFile(
+        os.path.join(wheel_directory, wheel_name), "w", zipfile.ZIP_DEFLATED
+    ) as whl:
+
         def add(arcname, data, executable=False):
             entry = zipfile.ZipInfo(arcname, date_time=(2020, 1, 1, 0, 0, 0))
             entry.compress_type = zipfile.ZIP_DEFLATED
@@ -130,10 +166,17 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
             add_file("%s/_lib/%s" % (NAME, soname), path)
         add_file("%s/_bin/tally-reducer" % NAME, reducer, executable=True)
         add(info + "/METADATA", _metadata(version).encode())
-        add(info + "/WHEEL", ("Wheel-Version: 1.0\nGenerator: tally_build\nRoot-Is-Purelib: false\n"
-                              "Tag: %s\n" % tag).encode())
-        add(info + "/entry_points.txt",
-            b"[console_scripts]\ntally-reducer = tally._cli:reducer_main\n")
+        add(
+            info + "/WHEEL",
+            (
+                "Wheel-Version: 1.0\nGenerator: tally_build\nRoot-Is-Purelib: false\n"
+                "Tag: %s\n" % tag
+            ).encode(),
+        )
+        add(
+            info + "/entry_points.txt",
+            b"[console_scripts]\ntally-reducer = tally._cli:reducer_main\n",
+        )
         records.append(info + "/RECORD,,")
         whl.writestr(info + "/RECORD", "\n".join(records) + "\n")
     return wheel_name

@@ -35,8 +35,12 @@ RELEASE = "pool"
 def helm():
     path = os.environ.get("TALLY_HELM") or os.path.join(ROOT, "build", "tools", "helm")
     if not os.access(path, os.X_OK):
-        r = subprocess.run([os.path.join(ROOT, "deploy", "fetch-helm.sh"), os.path.dirname(path)],
-                           capture_output=True, text=True, timeout=400)
+        r = subprocess.run(
+            [os.path.join(ROOT, "deploy", "fetch-helm.sh"), os.path.dirname(path)],
+            capture_output=True,
+            text=True,
+            timeout=400,
+        )
         if r.returncode != 0 or not os.access(path, os.X_OK):
             pytest.skip(f"helm is not available and could not be fetched: {r.stderr.strip()}")
     return path
@@ -67,10 +71,14 @@ def notes(helm, values=None, sets=()):
         chart = os.path.join(tmp, "tally")
         shutil.copytree(CHART, chart)
         os.makedirs(os.path.join(chart, "notes"))
-        shutil.copy(os.path.join(chart, "templates", "NOTES.txt"), os.path.join(chart, "notes", "NOTES.txt"))
+        shutil.copy(
+            os.path.join(chart, "templates", "NOTES.txt"), os.path.join(chart, "notes", "NOTES.txt")
+        )
         with open(os.path.join(chart, "templates", "zz-notes.yaml"), "w") as f:
-            f.write('apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: notes\n'
-                    'data:\n  notes: {{ tpl (.Files.Get "notes/NOTES.txt") . | quote }}\n')
+            f.write(
+                "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: notes\n"
+                'data:\n  notes: {{ tpl (.Files.Get "notes/NOTES.txt") . | quote }}\n'
+            )
         return render(helm, values, sets, chart=chart)[("ConfigMap", "notes")]["data"]["notes"]
 
 
@@ -120,7 +128,11 @@ def test_names_ports_and_probes_agree(helm, values):
     assert container_ports == {"tally": v["port"], "http": v["httpPort"]}
     svc_ports = {p["name"]: (p["port"], p["targetPort"]) for p in svc["spec"]["ports"]}
     assert svc_ports == {"tally": (v["port"], "tally"), "http": (v["httpPort"], "http")}
-    for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz"), ("startupProbe", "/healthz")):
+    for probe, path in (
+        ("livenessProbe", "/healthz"),
+        ("readinessProbe", "/readyz"),
+        ("startupProbe", "/healthz"),
+    ):
         get = c[probe]["httpGet"]
         assert get["path"] == path
         port = get["port"]
@@ -198,15 +210,22 @@ def test_auth_mounts_the_secret_and_requires_it(helm):
     objs = render(helm, sets=["auth.existingSecret=tally-auth", "groups=2"])
     sts = statefulset(objs)
     script = reducer_script(sts)
-    assert "--job-secret-file /etc/tally/auth/job-secret --require-auth --pool-secret-file /etc/tally/auth/pool-secret" in script
+    assert (
+        "--job-secret-file /etc/tally/auth/job-secret --require-auth --pool-secret-file /etc/tally/auth/pool-secret"
+        in script
+    )
     pod = sts["spec"]["template"]["spec"]
     (volume,) = pod["volumes"]
     assert volume["secret"]["secretName"] == "tally-auth"
     assert [i["key"] for i in volume["secret"]["items"]] == ["job-secret", "pool-secret"]
     assert volume["secret"]["defaultMode"] == 0o440 and pod["securityContext"]["fsGroup"] == 10001
-    assert pod["containers"][0]["volumeMounts"] == [{"name": "auth", "mountPath": "/etc/tally/auth", "readOnly": True}]
+    assert pod["containers"][0]["volumeMounts"] == [
+        {"name": "auth", "mountPath": "/etc/tally/auth", "readOnly": True}
+    ]
     # One group: no pool secret; require off: the job secret only.
-    script = reducer_script(statefulset(render(helm, sets=["auth.existingSecret=s", "auth.require=false"])))
+    script = reducer_script(
+        statefulset(render(helm, sets=["auth.existingSecret=s", "auth.require=false"]))
+    )
     assert "--job-secret-file /etc/tally/auth/job-secret" in script
     assert "--require-auth" not in script and "--pool-secret-file" not in script
     # No secret: none of it.
@@ -242,8 +261,18 @@ def test_pod_command_starts_a_pool_that_gets_ready(helm, values, tmp_path):
     port, http = free_port(), free_port()
     budget = 64 << 20
     chunk = 1 << 20  # small enough for a test machine, still valid for the chart
-    objs = render(helm, values, sets=[f"port={port}", f"httpPort={http}", f"memoryBudgetBytes={budget}",
-                                      f"maxChunkBytes={chunk}", "window=2", "logLevel=info"])
+    objs = render(
+        helm,
+        values,
+        sets=[
+            f"port={port}",
+            f"httpPort={http}",
+            f"memoryBudgetBytes={budget}",
+            f"maxChunkBytes={chunk}",
+            "window=2",
+            "logLevel=info",
+        ],
+    )
     sts = statefulset(objs)
     name = sts["metadata"]["name"]
     n = sts["spec"]["replicas"]
@@ -262,10 +291,14 @@ def test_pod_command_starts_a_pool_that_gets_ready(helm, values, tmp_path):
     procs = []
     try:
         for i in range(n):
-            local = script.replace("0.0.0.0", f"127.0.0.{i + 1}").replace(dns, f"127.0.0.{{1..{n}}}:{port}")
+            local = script.replace("0.0.0.0", f"127.0.0.{i + 1}").replace(
+                dns, f"127.0.0.{{1..{n}}}:{port}"
+            )
             env = dict(os.environ, HOSTNAME=f"{name}-{i}", PATH=f"{bindir}:{os.environ['PATH']}")
             log = open(tmp_path / f"reducer-{i}.log", "w")
-            procs.append(subprocess.Popen(["/bin/sh", "-c", local], env=env, stderr=log, stdout=log))
+            procs.append(
+                subprocess.Popen(["/bin/sh", "-c", local], env=env, stderr=log, stdout=log)
+            )
         deadline = time.monotonic() + 20
         pending = set(range(n))
         while pending and time.monotonic() < deadline:
@@ -279,13 +312,23 @@ def test_pod_command_starts_a_pool_that_gets_ready(helm, values, tmp_path):
         for i in range(n):
             status, text = http_get(http, f"127.0.0.{i + 1}", "/metrics")
             assert status == 200
-            info = re.search(r'tally_reducer_info\{[^}]*shard="(\d+)",shards="(\d+)",group="(\d+)",groups="(\d+)"', text)
+            info = re.search(
+                r'tally_reducer_info\{[^}]*shard="(\d+)",shards="(\d+)",group="(\d+)",groups="(\d+)"',
+                text,
+            )
             assert info, text[:500]
-            assert tuple(map(int, info.groups())) == (i % v["shards"], v["shards"], i // v["shards"], v["groups"])
+            assert tuple(map(int, info.groups())) == (
+                i % v["shards"],
+                v["shards"],
+                i // v["shards"],
+                v["groups"],
+            )
             links = re.search(r"^tally_replica_links_up (\S+)$", text, re.M)
             assert float(links.group(1)) == v["groups"] - 1
             log = (tmp_path / f"reducer-{i}.log").read_text()
-            assert ("authentication is not required" in log) == (not v.get("auth", {}).get("existingSecret")), log
+            assert ("authentication is not required" in log) == (
+                not v.get("auth", {}).get("existingSecret")
+            ), log
     finally:
         for p in procs:
             p.send_signal(signal.SIGTERM)
@@ -303,13 +346,20 @@ def test_objects_validate_against_the_kubernetes_schemas(helm, values):
     fields; it does not report unknown fields)."""
     models = os.path.join(os.path.dirname(helm), "k8s", "node_modules")
     if not shutil.which("node") or not os.path.isdir(os.path.join(models, "kubernetes-models")):
-        pytest.skip(f"node or kubernetes-models (deploy/fetch-helm.sh puts it in {models}) is missing")
+        pytest.skip(
+            f"node or kubernetes-models (deploy/fetch-helm.sh puts it in {models}) is missing"
+        )
     objs = list(render(helm, values).values())
-    r = subprocess.run(["node", os.path.join(os.path.dirname(__file__), "validate_k8s.js")],
-                       input=json.dumps(objs), capture_output=True, text=True, timeout=60,
-                       env=dict(os.environ, NODE_PATH=models))
+    r = subprocess.run(
+        ["node", os.path.join(os.path.dirname(__file__), "validate_k8s.js")],
+        input=json.dumps(objs),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ, NODE_PATH=models),
+    )
     assert r.returncode == 0, r.stdout + r.stderr
-    for (kind, name) in render(helm, values):
+    for kind, name in render(helm, values):
         if kind != "ServiceMonitor":  # a CRD: not in kubernetes-models
             assert f"valid {kind}/{name}" in r.stdout, r.stdout
 
@@ -322,14 +372,17 @@ def test_schema_rejects_a_negative_shard_count(helm):
     assert r.returncode != 0, r.stdout
 
 
-@pytest.mark.parametrize("bad,message", [
-    ("groups=0", "groups: Must be greater than or equal to 1"),
-    ("maxChunkBytes=5000", "maxChunkBytes: Must be a multiple of 4096"),
-    ("transport=udp", "transport: transport must be one of the following"),
-    ("window=0", "window: Must be greater than or equal to 1"),
-    ("podAntiAffinity=maybe", "podAntiAffinity: podAntiAffinity must be one of the following"),
-    ("linkRate=25G", "linkRate: Does not match pattern"),
-])
+@pytest.mark.parametrize(
+    "bad,message",
+    [
+        ("groups=0", "groups: Must be greater than or equal to 1"),
+        ("maxChunkBytes=5000", "maxChunkBytes: Must be a multiple of 4096"),
+        ("transport=udp", "transport: transport must be one of the following"),
+        ("window=0", "window: Must be greater than or equal to 1"),
+        ("podAntiAffinity=maybe", "podAntiAffinity: podAntiAffinity must be one of the following"),
+        ("linkRate=25G", "linkRate: Does not match pattern"),
+    ],
+)
 def test_schema_rejects_bad_values(helm, bad, message):
     r = run_helm(helm, "template", RELEASE, CHART, "--set", bad, check=False)
     assert r.returncode != 0
@@ -338,14 +391,27 @@ def test_schema_rejects_bad_values(helm, bad, message):
 
 def test_a_memory_budget_below_one_window_is_refused(helm):
     # 8 MiB holds 2 buffers of 4 MiB; a job needs window 8 + 2 = 10.
-    r = run_helm(helm, "template", RELEASE, CHART, "--set", "memoryBudgetBytes=8388608", check=False)
+    r = run_helm(
+        helm, "template", RELEASE, CHART, "--set", "memoryBudgetBytes=8388608", check=False
+    )
     assert r.returncode != 0
-    assert ("memoryBudgetBytes=8388608 holds 2 chunk buffers of maxChunkBytes=4194304, but one job needs 10"
-            in r.stderr), r.stderr
+    assert (
+        "memoryBudgetBytes=8388608 holds 2 chunk buffers of maxChunkBytes=4194304, but one job needs 10"
+        in r.stderr
+    ), r.stderr
     assert "at least 41943040" in r.stderr
     # With 3 groups a job needs window x (1 + 2F) + 2 = 8 x 7 + 2 = 58 buffers.
-    r = run_helm(helm, "template", RELEASE, CHART, "--set", "groups=3", "--set", "memoryBudgetBytes=209715200",
-                 check=False)
+    r = run_helm(
+        helm,
+        "template",
+        RELEASE,
+        CHART,
+        "--set",
+        "groups=3",
+        "--set",
+        "memoryBudgetBytes=209715200",
+        check=False,
+    )
     assert r.returncode != 0
     assert "one job needs 58" in r.stderr, r.stderr
     # The smallest budget that holds one job renders.
@@ -356,23 +422,28 @@ def test_an_overhead_below_the_streams_bound_is_refused(helm):
     # Outside its budget a reducer holds up to 16 MiB + 32 MiB per I/O thread + 80 KiB per stream.
     r = run_helm(helm, "template", RELEASE, CHART, "--set", "maxConnections=4096", check=False)
     assert r.returncode != 0
-    assert ("memoryOverheadBytes=268435456 is below what a reducer may hold outside its budget with "
-            "maxConnections=4096: 16 MiB + 32 MiB per I/O thread (ioThreads=2) + 80 KiB per stream "
-            "= 419430400" in r.stderr), r.stderr
+    assert (
+        "memoryOverheadBytes=268435456 is below what a reducer may hold outside its budget with "
+        "maxConnections=4096: 16 MiB + 32 MiB per I/O thread (ioThreads=2) + 80 KiB per stream "
+        "= 419430400" in r.stderr
+    ), r.stderr
     objs = render(helm, sets=["maxConnections=4096", "memoryOverheadBytes=419430400"])
     assert "--max-connections 4096" in reducer_script(statefulset(objs))
     assert "--max-connections 2048" in reducer_script(statefulset(render(helm)))
     # A fabric pool's endpoints take 72 MiB per I/O thread besides.
     r = run_helm(helm, "template", RELEASE, CHART, "--set", "transport=fabric", check=False)
     assert r.returncode != 0
-    assert ("80 KiB per stream + 72 MiB per I/O thread for the fabric endpoints = 402653184"
-            in r.stderr), r.stderr
+    assert (
+        "80 KiB per stream + 72 MiB per I/O thread for the fabric endpoints = 402653184" in r.stderr
+    ), r.stderr
 
 
 def test_a_link_rate_paces_the_reducers_and_tells_the_workers(helm):
     assert "--link-rate" not in reducer_script(statefulset(render(helm)))
     assert "TALLY_LINK_RATE" not in notes(helm)
-    assert "--link-rate '25gbit'" in reducer_script(statefulset(render(helm, sets=["linkRate=25gbit"])))
+    assert "--link-rate '25gbit'" in reducer_script(
+        statefulset(render(helm, sets=["linkRate=25gbit"]))
+    )
     text = notes(helm, sets=["linkRate=25gbit"])
     assert "TALLY_LINK_RATE=<the workers' link rate, e.g. 25gbit>" in text, text
 

@@ -13,14 +13,23 @@ import tally.pool
 
 # Small chunks so that small tensors make many chunks (the reducers accept
 # up to 4 KiB; clients send 1 KiB).
-REDUCER_ARGS = ["--max-chunk-bytes", "4096", "--memory-budget", "1MiB", "--window", "4",
-                "--log-level", "warn"]
+REDUCER_ARGS = [
+    "--max-chunk-bytes",
+    "4096",
+    "--memory-budget",
+    "1MiB",
+    "--window",
+    "4",
+    "--log-level",
+    "warn",
+]
 CHUNK_BYTES = 1024
 _jobs = itertools.count()
 
 
 def pytest_configure(config):
     import torch
+
     torch.set_num_threads(1)
 
 
@@ -39,8 +48,18 @@ def connect(pool_address, job, world, **kwargs):
     kwargs.setdefault("chunk_bytes", CHUNK_BYTES)
     kwargs.setdefault("op_timeout_ms", 10000)
     with concurrent.futures.ThreadPoolExecutor(world) as ex:
-        futures = [ex.submit(tally.Client, pool=pool_address, job=job, rank=r, world_size=world,
-                             env=False, **kwargs) for r in range(world)]
+        futures = [
+            ex.submit(
+                tally.Client,
+                pool=pool_address,
+                job=job,
+                rank=r,
+                world_size=world,
+                env=False,
+                **kwargs,
+            )
+            for r in range(world)
+        ]
         return [f.result(timeout=30) for f in futures]
 
 
@@ -55,6 +74,7 @@ def pattern(rank, count, seed):
     """v(r, k, i) = (7i + 13k + 29r) mod 1021 + 1 (tally/bench/pattern.h), as int64 numbers:
     every op gives its own seed k, so a result of another op does not pass for its own."""
     import numpy as np
+
     i = np.arange(count, dtype=np.int64)
     return (7 * i + 13 * seed + 29 * rank) % 1021 + 1
 

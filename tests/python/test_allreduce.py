@@ -43,8 +43,9 @@ def test_every_rank_gets_the_closed_form(pool, dtype, op, kind):
     results = on_every_rank(clients, run)
     for rank in range(WORLD):
         for seed, (count, got) in enumerate(zip(COUNTS, results[rank])):
-            np.testing.assert_array_equal(got, expected(dtype, op, count, seed),
-                                          err_msg="rank %d" % rank)
+            np.testing.assert_array_equal(
+                got, expected(dtype, op, count, seed), err_msg="rank %d" % rank
+            )
     for c in clients:
         c.close()
 
@@ -62,8 +63,9 @@ def test_views_and_slices_write_in_place(pool):
 
     for whole in on_every_rank(clients, run):
         assert torch.count_nonzero(whole[:1000]) == 0 and torch.count_nonzero(whole[2000:]) == 0
-        np.testing.assert_array_equal(whole[1000:2000].numpy(),
-                                      pattern_sum(2, 1000, 0).astype(np.float32))
+        np.testing.assert_array_equal(
+            whole[1000:2000].numpy(), pattern_sum(2, 1000, 0).astype(np.float32)
+        )
     for c in clients:
         c.close()
 
@@ -73,7 +75,9 @@ def test_fused_small_tensors_match_the_closed_form(pool):
     counts = [5, 100, 0, 3000, 17, 1]
 
     def run(rank, client):
-        tensors = [torch.from_numpy(pattern(rank, n, k).astype(np.float64)) for k, n in enumerate(counts)]
+        tensors = [
+            torch.from_numpy(pattern(rank, n, k).astype(np.float64)) for k, n in enumerate(counts)
+        ]
         # 4-byte... 8-byte elements, 2048-byte threshold: [5, 100] fused,
         # 3000 alone, [17, 1] fused: three ops, then the next op is number 3.
         client.allreduce_fused(tensors, op="sum", fuse_bytes=2048)
@@ -90,7 +94,7 @@ def test_fused_small_tensors_match_the_closed_form(pool):
 
 
 # Unit roundoff and half the smallest denormal of each 16-bit type.
-SIXTEEN_BIT = {"float16": (2.0 ** -11, 2.0 ** -25), "bfloat16": (2.0 ** -8, 2.0 ** -134)}
+SIXTEEN_BIT = {"float16": (2.0**-11, 2.0**-25), "bfloat16": (2.0**-8, 2.0**-134)}
 
 
 @pytest.mark.parametrize("kind", ["torch", "numpy"])
@@ -103,8 +107,9 @@ def test_sixteen_bit_tensors_are_summed_in_float32(pool, dtype, op, kind):
     tdtype = getattr(torch, dtype)
     count = 9477  # many chunks over both shards, not a multiple of a vector
     # Fractions that 16-bit floats cannot hold exactly, different per rank.
-    inputs = [(torch.arange(count, dtype=torch.float64) % 97 + 1).reciprocal() + r
-              for r in range(WORLD)]
+    inputs = [
+        (torch.arange(count, dtype=torch.float64) % 97 + 1).reciprocal() + r for r in range(WORLD)
+    ]
     inputs = [x.to(tdtype) for x in inputs]
 
     def run(rank, client):
@@ -125,12 +130,17 @@ def test_sixteen_bit_tensors_are_summed_in_float32(pool, dtype, op, kind):
         magnitude = magnitude / WORLD
     u, half_denormal = SIXTEEN_BIT[dtype]
     # docs/protocol.md, "16-bit types": float32 accumulation, one rounding.
-    bound = u * np.abs(exact) + (1 + u) * (WORLD + 1) * 2.0 ** -24 * magnitude + half_denormal
+    bound = u * np.abs(exact) + (1 + u) * (WORLD + 1) * 2.0**-24 * magnitude + half_denormal
     for rank in range(WORLD):
         err = np.abs(results[rank] - exact)
         bad = np.nonzero(~(err <= bound))[0]
         assert bad.size == 0, "rank %d: element %d is %r, exact %r, bound %r" % (
-            rank, bad[0], results[rank][bad[0]], exact[bad[0]], bound[bad[0]])
+            rank,
+            bad[0],
+            results[rank][bad[0]],
+            exact[bad[0]],
+            bound[bad[0]],
+        )
         # Every rank gets the same bits.
         np.testing.assert_array_equal(results[rank], results[0])
     for c in clients:
@@ -144,8 +154,10 @@ def test_float32_on_the_bfloat16_wire_is_within_its_bound(pool, op):
     tensor (docs/architecture.md, "The bfloat16 wire")."""
     clients = connect(pool.address, new_job("arwire-%s" % op), WORLD, wire_dtype="bfloat16")
     count = 9477
-    inputs = [((torch.arange(count, dtype=torch.float64) % 97 + 1).reciprocal() + r)
-              .to(torch.float32) for r in range(WORLD)]
+    inputs = [
+        ((torch.arange(count, dtype=torch.float64) % 97 + 1).reciprocal() + r).to(torch.float32)
+        for r in range(WORLD)
+    ]
 
     def run(rank, client):
         buf = inputs[rank].clone()
@@ -162,12 +174,17 @@ def test_float32_on_the_bfloat16_wire_is_within_its_bound(pool, op):
         exact = exact / WORLD
         magnitude = magnitude / WORLD
     u, half_denormal = SIXTEEN_BIT["bfloat16"]
-    bound = u * np.abs(exact) + (1 + u) * (WORLD + 1) * 2.0 ** -24 * magnitude + half_denormal
+    bound = u * np.abs(exact) + (1 + u) * (WORLD + 1) * 2.0**-24 * magnitude + half_denormal
     for rank in range(WORLD):
         err = np.abs(results[rank] - exact)
         bad = np.nonzero(~(err <= bound))[0]
         assert bad.size == 0, "rank %d: element %d is %r, exact %r, bound %r" % (
-            rank, bad[0], results[rank][bad[0]], exact[bad[0]], bound[bad[0]])
+            rank,
+            bad[0],
+            results[rank][bad[0]],
+            exact[bad[0]],
+            bound[bad[0]],
+        )
         # The result travelled as bfloat16: it converts back without loss.
         wire = torch.from_numpy(results[rank]).to(torch.float32)
         assert torch.equal(wire.to(torch.bfloat16).to(torch.float32), wire)

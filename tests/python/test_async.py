@@ -27,7 +27,9 @@ def test_many_ops_in_flight_end_in_any_order(pool):
             with lock:
                 seen.append(error)
 
-        tensors = [torch.from_numpy(pattern(rank, n, k).astype(np.float32)) for k, n in enumerate(sizes)]
+        tensors = [
+            torch.from_numpy(pattern(rank, n, k).astype(np.float32)) for k, n in enumerate(sizes)
+        ]
         handles = [client.allreduce_async(t, "sum", callback=cb) for t in tensors]
         assert [h.op for h in handles] == list(range(len(sizes)))
         for h, t in reversed(list(zip(handles, tensors))):

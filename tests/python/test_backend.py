@@ -16,7 +16,8 @@ import uuid
 
 import tally.pool
 
-RANK_SCRIPT = textwrap.dedent("""
+RANK_SCRIPT = textwrap.dedent(
+    """
     import json, sys, torch, torch.distributed as dist
     import tally.torch  # registers "tally"
     dist.init_process_group("tally")
@@ -43,7 +44,8 @@ RANK_SCRIPT = textwrap.dedent("""
     out["job"] = dist.distributed_c10d._get_default_group().client.rank
     print("RESULT " + json.dumps(out), flush=True)
     dist.destroy_process_group()
-""")
+"""
+)
 
 
 def free_port():
@@ -56,12 +58,26 @@ def test_init_process_group_tally_under_a_launchers_environment(tmp_path):
     run_id = "run-" + uuid.uuid4().hex[:8]
     with tally.pool.LocalPool(shards=2, args=["--log-level", "info"]) as pool:
         env = {k: v for k, v in os.environ.items() if not k.startswith("TALLY_")}
-        env.update(TALLY_POOL=pool.address, WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(free_port()), TORCHELASTIC_RUN_ID=run_id,
-                   TORCHELASTIC_RESTART_COUNT="3", PYTHONPATH=os.environ.get("PYTHONPATH", ""))
-        procs = [subprocess.Popen([sys.executable, "-c", RANK_SCRIPT], env=dict(env, RANK=str(r)),
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                  cwd=str(tmp_path)) for r in range(2)]
+        env.update(
+            TALLY_POOL=pool.address,
+            WORLD_SIZE="2",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(free_port()),
+            TORCHELASTIC_RUN_ID=run_id,
+            TORCHELASTIC_RESTART_COUNT="3",
+            PYTHONPATH=os.environ.get("PYTHONPATH", ""),
+        )
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", RANK_SCRIPT],
+                env=dict(env, RANK=str(r)),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                cwd=str(tmp_path),
+            )
+            for r in range(2)
+        ]
         results = []
         for p in procs:
             out, err = p.communicate(timeout=120)

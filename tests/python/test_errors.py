@@ -15,8 +15,14 @@ from conftest import REDUCER_ARGS, connect, new_job, on_every_rank
 def test_wrong_pool_address_fails_at_construction():
     start = time.monotonic()
     with pytest.raises(tally.Error) as e:
-        tally.Client(pool="127.0.0.1:1", job="nobody", rank=0, world_size=1, connect_timeout_ms=500,
-                     env=False)
+        tally.Client(
+            pool="127.0.0.1:1",
+            job="nobody",
+            rank=0,
+            world_size=1,
+            connect_timeout_ms=500,
+            env=False,
+        )
     assert isinstance(e.value, (tally.TimeoutError, tally.UnavailableError)), repr(e.value)
     assert "127.0.0.1:1" in str(e.value)
     assert time.monotonic() - start < 5
@@ -41,11 +47,25 @@ def test_link_rate_is_checked_and_paces_the_streams(pool):
         tally.Client(pool=pool.address, job="j", rank=0, world_size=1, link_rate="1G", env=False)
     assert "TALLY_LINK_RATE" in str(e.value) and "1gbit" in str(e.value)
     with pytest.raises(tally.InvalidArgumentError) as e:
-        tally.Client(pool=pool.address, job="j", rank=0, world_size=1, link_rate="1gbit",
-                     tcp_congestion="bbr", env=False)
+        tally.Client(
+            pool=pool.address,
+            job="j",
+            rank=0,
+            world_size=1,
+            link_rate="1gbit",
+            tcp_congestion="bbr",
+            env=False,
+        )
     assert "under bbr" in str(e.value)
-    with tally.Client(pool=pool.address, job=new_job("paced"), rank=0, world_size=1,
-                      link_rate="10gbit", tcp_congestion="reno", env=False) as c:
+    with tally.Client(
+        pool=pool.address,
+        job=new_job("paced"),
+        rank=0,
+        world_size=1,
+        link_rate="10gbit",
+        tcp_congestion="reno",
+        env=False,
+    ) as c:
         t = torch.arange(10, dtype=torch.float32)
         c.allreduce(t)
         assert t.tolist() == list(range(10))

@@ -62,15 +62,20 @@ def test_staged_ops_in_flight_on_reused_tensors_are_exact(pool, small_pieces, dt
             for b, t in enumerate(buckets):
                 seed = step * len(sizes) + b
                 # Small integers: exact in every dtype, and in its average over 2 ranks.
-                t.copy_(torch.from_numpy((pattern(rank, t.numel(), seed) % 64 * 2).astype(np.float32)))
+                t.copy_(
+                    torch.from_numpy((pattern(rank, t.numel(), seed) % 64 * 2).astype(np.float32))
+                )
                 handles.append(stager.start(t, op))
             for b, (t, h) in enumerate(zip(buckets, handles)):
                 assert h.wait(timeout=30) is t
                 seed = step * len(sizes) + b
                 want = sum((pattern(r, t.numel(), seed) % 64 * 2) for r in range(world))
                 want = want / world if op == "avg" else want
-                np.testing.assert_array_equal(t.float().numpy(), want.astype(np.float32),
-                                              err_msg="step %d bucket %d" % (step, b))
+                np.testing.assert_array_equal(
+                    t.float().numpy(),
+                    want.astype(np.float32),
+                    err_msg="step %d bucket %d" % (step, b),
+                )
         return copier.allocated
 
     assert on_every_rank(clients, run) == [len(sizes)] * world
@@ -106,8 +111,7 @@ def test_a_failed_piece_fails_the_staged_op_and_its_future(small_pieces):
     """A reducer that dies with resuming off: the staged op's wait() and its
     future raise the tally error naming it."""
     with tally.pool.LocalPool(shards=2, args=["--log-level", "warn"]) as p:
-        clients = connect(p.address, new_job("staged-fail"), 2, resume_bytes=0,
-                          op_timeout_ms=5000)
+        clients = connect(p.address, new_job("staged-fail"), 2, resume_bytes=0, op_timeout_ms=5000)
         warm = on_every_rank(clients, lambda r, c: c.allreduce(torch.ones(4)).tolist())
         assert warm == [[2.0] * 4] * 2
         p.kill(1)

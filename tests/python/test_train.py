@@ -17,21 +17,39 @@ import torch
 
 import tally.pool
 
-EXAMPLE = os.path.join(os.environ.get("TALLY_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", "..")),
-                       "examples", "train_ddp.py")
-SMALL = ["--world-size", "4", "--batch-size", "64", "--hidden", "64", "--features", "16",
-         "--bucket-cap-mb", "0.01"]  # several buckets: several ops per step
+EXAMPLE = os.path.join(
+    os.environ.get("TALLY_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", "..")),
+    "examples",
+    "train_ddp.py",
+)
+SMALL = [
+    "--world-size",
+    "4",
+    "--batch-size",
+    "64",
+    "--hidden",
+    "64",
+    "--features",
+    "16",
+    "--bucket-cap-mb",
+    "0.01",
+]  # several buckets: several ops per step
 
 
 def run_example(args, timeout=240):
-    return subprocess.run([sys.executable, EXAMPLE] + args, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, EXAMPLE] + args, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def start_training(pool, args):
     """train_ddp.py with `args` against `pool`, returned once step 3 is printed."""
-    proc = subprocess.Popen([sys.executable, EXAMPLE] + SMALL + args + ["--pool", pool.address],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, EXAMPLE] + SMALL + args + ["--pool", pool.address],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 180
         for line in proc.stdout:  # training is under way once step 3 is printed
@@ -64,9 +82,10 @@ def assert_same_parameters(ours, theirs):
             i = int(diff.argmax())
             worst, where = excess, (name, diff.max().item(), theirs[name].flatten()[i].item())
     name, largest, value = where
-    assert worst <= ATOL, ("parameters differ from gloo's beyond summation order: %s by %.3g "
-                           "(gloo's value %.6g; tolerance rtol %g, atol %g)"
-                           % (name, largest, value, RTOL, ATOL))
+    assert worst <= ATOL, (
+        "parameters differ from gloo's beyond summation order: %s by %.3g "
+        "(gloo's value %.6g; tolerance rtol %g, atol %g)" % (name, largest, value, RTOL, ATOL)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -78,13 +97,17 @@ def gloo_params(tmp_path_factory):
     return torch.load(out)
 
 
-@pytest.mark.parametrize("mode", [
-    ["--backend", "tally"],
-    # The CUDA buckets' pipeline (tally.staging), with host buffers standing for the device.
-    ["--backend", "tally", "--stage-host"],
-    # init_process_group("tally"): DDP's own all-reduce through the pool, no hook.
-    ["--backend", "tally-pg"],
-], ids=["hook", "hook-staged", "process-group"])
+@pytest.mark.parametrize(
+    "mode",
+    [
+        ["--backend", "tally"],
+        # The CUDA buckets' pipeline (tally.staging), with host buffers standing for the device.
+        ["--backend", "tally", "--stage-host"],
+        # init_process_group("tally"): DDP's own all-reduce through the pool, no hook.
+        ["--backend", "tally-pg"],
+    ],
+    ids=["hook", "hook-staged", "process-group"],
+)
 def test_tally_trains_to_the_same_parameters_as_gloo(tmp_path, gloo_params, mode):
     out = tmp_path / "tally.pt"
     r = run_example(SMALL + ["--steps", "5", "--save-params", str(out)] + mode)

@@ -33,7 +33,7 @@ os.environ.setdefault("IPATH_NO_BACKTRACE", "1")
 
 from . import _buffers, _lib  # noqa: E402 - after the variable above
 from ._lib import lib as _c  # noqa: E402
-from .errors import (  # noqa: E402,F401 - re-exported
+from .errors import (  # noqa: E402 - re-exported (__all__)
     AlreadyExistsError,
     CancelledError,
     Error,
@@ -50,6 +50,29 @@ from .errors import (  # noqa: E402,F401 - re-exported
     VersionMismatchError,
     error_for,
 )
+
+__all__ = [
+    "AlreadyExistsError",
+    "CancelledError",
+    "Client",
+    "DEFAULT_FUSE_BYTES",
+    "Error",
+    "Handle",
+    "InternalError",
+    "InvalidArgumentError",
+    "MismatchError",
+    "PeerLostError",
+    "ProtocolError",
+    "ResourceExhaustedError",
+    "TimeoutError",
+    "UnauthenticatedError",
+    "UnavailableError",
+    "UnimplementedError",
+    "VersionMismatchError",
+    "error_for",
+    "option_names",
+    "version",
+]
 
 __version__ = _lib.text(_c.tally_version()).split(" ")[0]
 DEFAULT_FUSE_BYTES = _c.tally_default_fuse_bytes()
@@ -172,8 +195,9 @@ class Handle:
         if self._failure is not None:
             raise self._failure
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
-        code = _wait(lambda ms: _c.tally_op_wait_for(self._op.ptr, ms), left,
-                     lambda: still % self.op)
+        code = _wait(
+            lambda ms: _c.tally_op_wait_for(self._op.ptr, ms), left, lambda: still % self.op
+        )
         error = self._op.error(code)
         if error is not None:
             raise error
@@ -240,12 +264,19 @@ class Client:
                 _check(_c.tally_options_read_env(options))
             for key, value in kwargs.items():
                 if value is not None:
-                    _check(_c.tally_options_set(options, _KEYWORDS[key].encode(),
-                                                _text(value).encode()))
+                    _check(
+                        _c.tally_options_set(
+                            options, _KEYWORDS[key].encode(), _text(value).encode()
+                        )
+                    )
             missing = _lib.text(_c.tally_options_missing(options))
             if missing:
-                raise InvalidArgumentError("tally.Client needs " + ", ".join(
-                    "%s= (or %s)" % (_NAMES[name], name) for name in missing.split(", ")))
+                raise InvalidArgumentError(
+                    "tally.Client needs "
+                    + ", ".join(
+                        "%s= (or %s)" % (_NAMES[name], name) for name in missing.split(", ")
+                    )
+                )
             self._client = ctypes.c_void_p()
             _check(_c.tally_client_connect(options, ctypes.byref(self._client)))
         finally:
@@ -259,8 +290,9 @@ class Client:
         self._deferred_cv = threading.Condition(self._lock)
         self._closing = False
         self._stagers = {}
-        self._completer = threading.Thread(target=self._complete, name="tally-completions",
-                                           daemon=True)
+        self._completer = threading.Thread(
+            target=self._complete, name="tally-completions", daemon=True
+        )
         self._completer.start()
         self._feeder = None
         with _live_lock:
@@ -292,16 +324,16 @@ class Client:
         if _buffers.device_type(buffer) == "cuda":
             return self._stager(buffer).start(buffer, op, callback)
         target = _buffers.host_target(buffer)
-        return self._submit(lambda: self._start(target, redop, buffer, callback),
-                            callback=callback)
+        return self._submit(lambda: self._start(target, redop, buffer, callback), callback=callback)
 
     def allreduce_fused(self, buffers, op="sum", fuse_bytes=DEFAULT_FUSE_BYTES):
         """All-reduces a list of host buffers of one dtype, fusing those below
         ``fuse_bytes`` into one op per group (copied in and out); returns the list."""
         return self.allreduce_fused_async(buffers, op, fuse_bytes).wait()
 
-    def allreduce_fused_async(self, buffers, op="sum", fuse_bytes=DEFAULT_FUSE_BYTES,
-                              callback=None):
+    def allreduce_fused_async(
+        self, buffers, op="sum", fuse_bytes=DEFAULT_FUSE_BYTES, callback=None
+    ):
         """The async form of allreduce_fused; the handle's wait() returns the list."""
         self._open()
         redop = _buffers.redop_code(op)
@@ -309,8 +341,10 @@ class Client:
         targets = [_buffers.host_target(b) for b in buffers]
         for i, t in enumerate(targets):
             if t.dtype != targets[0].dtype:
-                raise InvalidArgumentError("fused buffers must share one dtype: item %d is %s, "
-                                           "item 0 is %s" % (i, t.dtype, targets[0].dtype))
+                raise InvalidArgumentError(
+                    "fused buffers must share one dtype: item %d is %s, "
+                    "item 0 is %s" % (i, t.dtype, targets[0].dtype)
+                )
         dtype = targets[0].dtype if targets else "float32"
 
         def start():
@@ -319,8 +353,17 @@ class Client:
             record = _Op((targets, addresses, counts), buffers, callback)
             tag = self._register(record)
             _c.tally_allreduce_fused_async_to(
-                self._client, addresses, counts, len(targets), _lib.DTYPES[dtype], redop,
-                fuse_bytes, self._queue, tag, ctypes.byref(record.ptr))
+                self._client,
+                addresses,
+                counts,
+                len(targets),
+                _lib.DTYPES[dtype],
+                redop,
+                fuse_bytes,
+                self._queue,
+                tag,
+                ctypes.byref(record.ptr),
+            )
             return record
 
         return self._submit(start, callback=callback)
@@ -330,9 +373,16 @@ class Client:
         record = _Op(target, result, callback)
         tag = self._register(record)
         # A refused call has ended already, and posted its tag too.
-        _c.tally_allreduce_async_to(self._client, target.address, target.count,
-                                    _lib.DTYPES[target.dtype], redop, self._queue, tag,
-                                    ctypes.byref(record.ptr))
+        _c.tally_allreduce_async_to(
+            self._client,
+            target.address,
+            target.count,
+            _lib.DTYPES[target.dtype],
+            redop,
+            self._queue,
+            tag,
+            ctypes.byref(record.ptr),
+        )
         return record
 
     def _register(self, record):
@@ -352,8 +402,7 @@ class Client:
             handle = Handle()
             self._deferred.append((handle, start, ready, callback))
             if self._feeder is None:
-                self._feeder = threading.Thread(target=self._feed, name="tally-feeder",
-                                                daemon=True)
+                self._feeder = threading.Thread(target=self._feed, name="tally-feeder", daemon=True)
                 self._feeder.start()
             self._deferred_cv.notify()
             return handle

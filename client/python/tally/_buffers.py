@@ -38,7 +38,7 @@ def is_tensor(obj):
 
 
 def device_type(obj):
-    """"cpu" for host memory; a tensor's device type otherwise."""
+    """ "cpu" for host memory; a tensor's device type otherwise."""
     return obj.device.type if is_tensor(obj) else "cpu"
 
 
@@ -47,23 +47,27 @@ def tensor_dtype(t):
     if dtype is None:
         raise InvalidArgumentError(
             "tensor dtype %s is not supported (float32, float64, float16, bfloat16, int32, "
-            "int64)" % t.dtype)
+            "int64)" % t.dtype
+        )
     return dtype
 
 
 def check_tensor(t):
     """What every tensor tally reduces must be, wherever it lives."""
     if str(t.layout) != "torch.strided":
-        raise InvalidArgumentError("tensor has layout %s: tally reduces dense tensors only"
-                                   % t.layout)
+        raise InvalidArgumentError(
+            "tensor has layout %s: tally reduces dense tensors only" % t.layout
+        )
     if not t.is_contiguous():
         raise InvalidArgumentError(
             "tensor is not contiguous: reduce t.contiguous() and copy the result back (tally "
-            "writes the result in place into one block of memory)")
+            "writes the result in place into one block of memory)"
+        )
     if t.requires_grad:
         raise InvalidArgumentError(
             "tensor requires grad: reduce t.detach() or t.grad (an in-place write behind "
-            "autograd's back would corrupt its graph)")
+            "autograd's back would corrupt its graph)"
+        )
     return tensor_dtype(t)
 
 
@@ -71,14 +75,23 @@ def _from_tensor(t):
     if t.device.type != "cpu":
         raise InvalidArgumentError(
             "tensor is on device '%s': tally reduces host memory and CUDA tensors (staged "
-            "through host memory), not %s" % (t.device, t.device.type))
+            "through host memory), not %s" % (t.device, t.device.type)
+        )
     dtype = check_tensor(t)
     return Target(t.data_ptr(), t.numel(), dtype, t)
 
 
-_FORMATS = {("f", 4): "float32", ("d", 8): "float64", ("e", 2): "float16",
-            ("i", 4): "int32", ("l", 4): "int32", ("q", 4): "int32",
-            ("i", 8): "int64", ("l", 8): "int64", ("q", 8): "int64"}
+_FORMATS = {
+    ("f", 4): "float32",
+    ("d", 8): "float64",
+    ("e", 2): "float16",
+    ("i", 4): "int32",
+    ("l", 4): "int32",
+    ("q", 4): "int32",
+    ("i", 8): "int64",
+    ("l", 8): "int64",
+    ("q", 8): "int64",
+}
 
 
 def _from_buffer(obj):
@@ -87,29 +100,34 @@ def _from_buffer(obj):
     except TypeError:
         raise InvalidArgumentError(
             "expected a torch.Tensor or an object with the buffer protocol (numpy array), got "
-            + type(obj).__name__) from None
+            + type(obj).__name__
+        ) from None
     if view.readonly:
         raise InvalidArgumentError(
             "%s is read-only: tally writes the result in place (pass a writable copy, e.g. "
-            "numpy.array(x))" % type(obj).__name__)
+            "numpy.array(x))" % type(obj).__name__
+        )
     if not view.c_contiguous:
         raise InvalidArgumentError(
             "%s is not contiguous: reduce a contiguous copy (numpy.ascontiguousarray) and copy "
-            "the result back" % type(obj).__name__)
+            "the result back" % type(obj).__name__
+        )
     fmt = view.format or "B"
     order = fmt[0] if fmt[0] in "@=<>!" else "@"
     if order in ">!":
         raise InvalidArgumentError("big-endian buffers are not supported")
     dtype = _FORMATS.get((fmt.lstrip("@=<>!"), view.itemsize))
     if dtype is None:
-        raise InvalidArgumentError("buffer format '%s' is not supported (float32, float64, "
-                                   "float16, int32, int64)" % fmt)
+        raise InvalidArgumentError(
+            "buffer format '%s' is not supported (float32, float64, " "float16, int32, int64)" % fmt
+        )
     flat = view.cast("B")
     if flat.nbytes == 0:
         return Target(None, 0, dtype, (obj, view))
     window = (ctypes.c_char * flat.nbytes).from_buffer(flat)  # holds the buffer export
-    return Target(ctypes.addressof(window), flat.nbytes // view.itemsize, dtype,
-                  (obj, view, window))
+    return Target(
+        ctypes.addressof(window), flat.nbytes // view.itemsize, dtype, (obj, view, window)
+    )
 
 
 def host_target(obj):

@@ -13,7 +13,9 @@ def reducer_path():
 def reducer_main():
     path = reducer_path()
     if not os.access(path, os.X_OK):
-        sys.stderr.write("tally-reducer: this install of the tally package carries no reducer "
-                         "(%s); build it from the source tree (deploy/dev.sh build)\n" % path)
+        sys.stderr.write(
+            "tally-reducer: this install of the tally package carries no reducer "
+            "(%s); build it from the source tree (deploy/dev.sh build)\n" % path
+        )
         sys.exit(2)
     os.execv(path, [path] + sys.argv[1:])

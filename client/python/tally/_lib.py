@@ -37,7 +37,8 @@ def _load():
     except OSError as e:
         raise ImportError(
             "tally cannot load its native library %s: %s (set TALLY_LIBRARY to libtally_c.so, "
-            "or reinstall the package)" % (path, e)) from None
+            "or reinstall the package)" % (path, e)
+        ) from None
     c = ctypes
     p = c.c_void_p
     u32, u64, size = c.c_uint32, c.c_uint64, c.c_size_t
@@ -67,8 +68,9 @@ def _load():
         "tally_queue_destroy": (None, [p]),
         "tally_allreduce_async_to": (code, [p, p, size, c.c_int, c.c_int, p, u64, c.POINTER(p)]),
         "tally_allreduce_fused_async_to": (
-            code, [p, c.POINTER(p), c.POINTER(size), size, c.c_int, c.c_int, size, p, u64,
-                   c.POINTER(p)]),
+            code,
+            [p, c.POINTER(p), c.POINTER(size), size, c.c_int, c.c_int, size, p, u64, c.POINTER(p)],
+        ),
         "tally_op_wait_for": (code, [p, u64]),
         "tally_op_test": (code, [p]),
         "tally_op_message": (c.c_char_p, [p]),
@@ -80,9 +82,10 @@ def _load():
         fn.restype = restype
         fn.argtypes = argtypes
     if lib.tally_c_api_version() < C_API_VERSION:
-        raise ImportError("%s is C API version %d; this package needs %d or later (an older "
-                          "libtally_c.so was found first)"
-                          % (path, lib.tally_c_api_version(), C_API_VERSION))
+        raise ImportError(
+            "%s is C API version %d; this package needs %d or later (an older "
+            "libtally_c.so was found first)" % (path, lib.tally_c_api_version(), C_API_VERSION)
+        )
     return lib
 
 

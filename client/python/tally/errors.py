@@ -123,4 +123,4 @@ def error_for(code, message):
     message ("peer_lost: lost reducer ..."; the code's name is the class's)."""
     cls = _BY_CODE.get(code, Error)
     prefix = cls.code_name + ": "
-    return cls(message[len(prefix):] if message.startswith(prefix) else message)
+    return cls(message[len(prefix) :] if message.startswith(prefix) else message)

@@ -21,13 +21,18 @@ def find_reducer(path=None):
     package carries (a wheel), or one on PATH."""
     from ._cli import reducer_path
 
-    for candidate in (path, os.environ.get("TALLY_REDUCER"), reducer_path(),
-                      shutil.which("tally-reducer")):
+    for candidate in (
+        path,
+        os.environ.get("TALLY_REDUCER"),
+        reducer_path(),
+        shutil.which("tally-reducer"),
+    ):
         if candidate and os.access(candidate, os.X_OK):
             return candidate
     raise FileNotFoundError(
         "tally-reducer not found: pass its path, set TALLY_REDUCER, or put it on PATH "
-        "(a build has it at build/reducer/tally-reducer)")
+        "(a build has it at build/reducer/tally-reducer)"
+    )
 
 
 class LocalPool:
@@ -63,8 +68,17 @@ class LocalPool:
             os.unlink(ready)
         # Appended to: a restarted reducer's log follows its predecessor's.
         with open(os.path.join(self.dir, "reducer-%d.log" % shard), "ab") as log:
-            cmd = [self.reducer, "--listen", listen, "--shard", str(shard), "--shards",
-                   str(self.shards), "--ready-file", ready] + self.args
+            cmd = [
+                self.reducer,
+                "--listen",
+                listen,
+                "--shard",
+                str(shard),
+                "--shards",
+                str(self.shards),
+                "--ready-file",
+                ready,
+            ] + self.args
             return subprocess.Popen(cmd, stdout=log, stderr=log)
 
     def _await_ready(self, shard, proc, deadline):
@@ -74,8 +88,10 @@ class LocalPool:
                 with open(ready) as f:
                     return f.read().strip()
             if proc.poll() is not None:
-                raise RuntimeError("tally-reducer shard %d exited with %s before listening: %s"
-                                   % (shard, proc.returncode, self.log(shard)[-2000:]))
+                raise RuntimeError(
+                    "tally-reducer shard %d exited with %s before listening: %s"
+                    % (shard, proc.returncode, self.log(shard)[-2000:])
+                )
             if time.monotonic() > deadline:
                 raise RuntimeError("tally-reducer shard %d did not listen in time" % shard)
             time.sleep(0.01)

@@ -171,10 +171,15 @@ class Stager:
         for i, ((lo, hi), ready) in enumerate(zip(ranges, readies)):
             piece = host[lo:hi]
             done = staged.piece_done(i)
-            staged.handles.append(self.client._submit(
-                lambda piece=piece, done=done: self.client._start(
-                    _buffers.host_target(piece), redop, piece, done),
-                ready=ready, callback=done))
+            staged.handles.append(
+                self.client._submit(
+                    lambda piece=piece, done=done: self.client._start(
+                        _buffers.host_target(piece), redop, piece, done
+                    ),
+                    ready=ready,
+                    callback=done,
+                )
+            )
         return staged
 
 
@@ -229,8 +234,9 @@ class StagedHandle:
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self._ended.wait(0.1):
             if deadline is not None and time.monotonic() >= deadline:
-                raise builtins.TimeoutError("tally staged op %s still in flight after the wait's "
-                                            "timeout" % self.op)
+                raise builtins.TimeoutError(
+                    "tally staged op %s still in flight after the wait's " "timeout" % self.op
+                )
         if self._error is not None:
             raise self._error
         return self.future.wait()
@@ -242,4 +248,3 @@ class StagedHandle:
     def op(self):
         """The first piece's op number (None until it starts)."""
         return self.handles[0].op if self.handles else None
-

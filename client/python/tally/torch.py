@@ -87,8 +87,14 @@ def _value(future):
 
 # Reductions the pool does; the others go to the inner process group.
 _POOL_OPS = {"SUM": "sum", "AVG": "avg"}
-_POOL_DTYPES = {_torch.float32, _torch.float64, _torch.float16, _torch.bfloat16, _torch.int32,
-                _torch.int64}
+_POOL_DTYPES = {
+    _torch.float32,
+    _torch.float64,
+    _torch.float16,
+    _torch.bfloat16,
+    _torch.int32,
+    _torch.int64,
+}
 
 
 def _job_name(store, rank):
@@ -115,8 +121,9 @@ class ProcessGroupTally(_dist.ProcessGroup):
     def __init__(self, store, rank, size, timeout):
         super().__init__(rank, size)
         self._store, self._timeout = store, timeout
-        self._gloo = _dist.ProcessGroupGloo(_dist.PrefixStore("tally-gloo", store), rank, size,
-                                            timeout)
+        self._gloo = _dist.ProcessGroupGloo(
+            _dist.PrefixStore("tally-gloo", store), rank, size, timeout
+        )
         self._nccl = None
         self._nccl_lock = threading.Lock()
         job = None
@@ -130,8 +137,11 @@ class ProcessGroupTally(_dist.ProcessGroup):
             with self._nccl_lock:
                 if self._nccl is None:
                     self._nccl = _dist.ProcessGroupNCCL(
-                        _dist.PrefixStore("tally-nccl", self._store), self.rank(), self.size(),
-                        _nccl_options(self._timeout))
+                        _dist.PrefixStore("tally-nccl", self._store),
+                        self.rank(),
+                        self.size(),
+                        _nccl_options(self._timeout),
+                    )
                 return self._nccl
         return self._gloo
 
@@ -148,7 +158,8 @@ class ProcessGroupTally(_dist.ProcessGroup):
             future = futures[0].then(lambda f: [f.value()])
         else:
             future = _torch.futures.collect_all(futures).then(
-                lambda f: [g.value() for g in f.value()])
+                lambda f: [g.value() for g in f.value()]
+            )
         return _work_of(future)
 
     # Every other collective: the inner process group's.
@@ -159,12 +170,12 @@ class ProcessGroupTally(_dist.ProcessGroup):
         return self._inner(inputs).allgather(outputs, inputs, opts or _c10d.AllgatherOptions())
 
     def _allgather_base(self, output, input, opts=None):
-        return self._inner([input])._allgather_base(output, input,
-                                                    opts or _c10d.AllgatherOptions())
+        return self._inner([input])._allgather_base(output, input, opts or _c10d.AllgatherOptions())
 
     def allreduce_coalesced(self, tensors, opts=None):
         return self._inner(tensors).allreduce_coalesced(
-            tensors, opts or _c10d.AllreduceCoalescedOptions())
+            tensors, opts or _c10d.AllreduceCoalescedOptions()
+        )
 
     def reduce(self, tensors, opts=None):
         return self._inner(tensors).reduce(tensors, opts or _c10d.ReduceOptions())
@@ -176,17 +187,19 @@ class ProcessGroupTally(_dist.ProcessGroup):
         return self._inner(outputs).scatter(outputs, inputs, opts or _c10d.ScatterOptions())
 
     def reduce_scatter(self, outputs, inputs, opts=None):
-        return self._inner(outputs).reduce_scatter(outputs, inputs,
-                                                   opts or _c10d.ReduceScatterOptions())
+        return self._inner(outputs).reduce_scatter(
+            outputs, inputs, opts or _c10d.ReduceScatterOptions()
+        )
 
     def _reduce_scatter_base(self, output, input, opts=None):
-        return self._inner([output])._reduce_scatter_base(output, input,
-                                                          opts or _c10d.ReduceScatterOptions())
+        return self._inner([output])._reduce_scatter_base(
+            output, input, opts or _c10d.ReduceScatterOptions()
+        )
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
-        return self._inner([output]).alltoall_base(output, input, output_split_sizes,
-                                                   input_split_sizes,
-                                                   opts or _c10d.AllToAllOptions())
+        return self._inner([output]).alltoall_base(
+            output, input, output_split_sizes, input_split_sizes, opts or _c10d.AllToAllOptions()
+        )
 
     def alltoall(self, outputs, inputs, opts=None):
         return self._inner(outputs).alltoall(outputs, inputs, opts or _c10d.AllToAllOptions())
@@ -213,7 +226,7 @@ class ProcessGroupTally(_dist.ProcessGroup):
 
 
 def _op_name(reduce_op):
-    """"SUM", "AVG", ... of the ReduceOp an options object holds (torch 1.13
+    """ "SUM", "AVG", ... of the ReduceOp an options object holds (torch 1.13
     and 2.x compare it with the class's members; "" for any other)."""
     for name in ("SUM", "AVG", "MAX", "MIN", "PRODUCT"):
         if reduce_op == getattr(_dist.ReduceOp, name):
