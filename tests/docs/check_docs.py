@@ -4,7 +4,8 @@
     check_docs.py links ROOT
         Every relative link in ROOT/README.md and ROOT/docs/*.md names a file
         that exists, every #anchor a heading of that file (GitHub's slugs),
-        and no link leaves the repository.
+        no link leaves the repository, and no text cites an issue number
+        (the docs say what is, not how it came to be).
     check_docs.py names ROOT REDUCER BENCH
         docs/configuration.md names every TALLY_* variable the code reads
         (a quoted "TALLY_..." in client/, reducer/, bench/, protocol/,
@@ -32,6 +33,7 @@ HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$", re.M)
 ENV_NAME = re.compile(r"\bTALLY_[A-Z0-9_]*[A-Z0-9]\b")
 QUOTED_ENV_NAME = re.compile(r"""["'](TALLY_[A-Z0-9_]*[A-Z0-9])["']""")
 CMAKE_OPTION = re.compile(r"option\((TALLY_\w+)|set\((TALLY_\w+)[^\n]*CACHE (?!INTERNAL)")
+ISSUE = re.compile(r"\bissues?[ -]#?[0-9]+", re.I)
 FLAG = re.compile(r"(?<![\w-])--[a-z0-9][a-z0-9-]*")
 
 
@@ -66,6 +68,8 @@ def check_links(root):
     for doc in doc_files(root):
         text = prose(open(doc, encoding="utf-8").read())
         where = os.path.relpath(doc, root)
+        for m in ISSUE.finditer(text):
+            findings.append("%s: cites %r" % (where, m.group(0)))
         for m in LINK.finditer(text):
             target = m.group(1)
             if re.match(r"^[a-z][a-z0-9+.-]*:", target):
