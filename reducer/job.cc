@@ -7,7 +7,6 @@
 #include "tally.pb.h"
 #include "tally/protocol/chunking.h"
 #include "tally/protocol/control.h"
-#include "tally/protocol/groups.h"
 #include "tally/reducer/kernels.h"
 
 namespace tally {
@@ -17,8 +16,6 @@ namespace {
 // Error messages list at most this many ranks, then a count, so that an
 // error about a huge job still fits a control frame and reaches the worker.
 constexpr size_t kRanksListed = 16;
-// Departure reasons quoted in one error.
-constexpr size_t kHistoryQuoted = 4;
 
 }  // namespace
 
@@ -484,23 +481,6 @@ void Job::finish(const std::shared_ptr<Chunk>& chunk) {
   for (auto& m : members) m->send_result(out, result);
 }
 
-std::string Job::history_of(const std::vector<uint32_t>& ranks) const {
-  std::string out;
-  size_t quoted = 0, more = 0;
-  for (uint32_t r : ranks) {
-    auto it = settings_.history.find(r);
-    if (it == settings_.history.end()) continue;
-    if (quoted == kHistoryQuoted) {
-      ++more;
-      continue;
-    }
-    ++quoted;
-    out += " (rank " + std::to_string(r) + " left earlier: " + it->second + ")";
-  }
-  if (more > 0) out += " (and " + std::to_string(more) + " more ranks that left earlier)";
-  return out;
-}
-
 bool Job::empty() const {
   std::lock_guard lock(mu_);
   return std::none_of(members_.begin(), members_.end(), [](auto& m) { return m != nullptr; }) &&
@@ -514,118 +494,6 @@ std::map<uint32_t, std::string> Job::departures() const {
     for (uint32_t r : lost_ranks_) out[r] = lost_->message();
   }
   return out;
-}
-
-std::vector<uint32_t> Job::missing_locked(const std::vector<bool>& seen, std::string* note) const {
-  std::vector<uint32_t> ranks;
-  if (!settings_.groups_explicit) {
-    const uint32_t groups =
-        settings_.group_sizes.empty() ? 1 : static_cast<uint32_t>(settings_.group_sizes.size());
-    for (uint32_t r = 0; r < seen.size(); ++r) {
-      if (!seen[r] &&
-          (groups == 1 || default_group_of(r, settings_.world_size, groups) == settings_.group)) {
-        ranks.push_back(r);
-      }
-    }
-    return ranks;
-  }
-  // Explicit groups: only the ranks that joined are known to be ours.
-  for (uint32_t r : marks_.ranks()) {
-    if (!seen[r]) ranks.push_back(r);
-  }
-  if (marks_.ranks().size() < local_size_ && note) {
-    *note = " and " + std::to_string(local_size_ - marks_.ranks().size()) + " worker(s) of group " +
-            std::to_string(settings_.group) + " that never joined";
-  }
-  return ranks;
-}
-
-size_t Job::sweep(Clock::time_point now) {
-  std::lock_guard lock(mu_);
-  // Linear in world size per chunk: ranks are marked, never searched.
-  std::vector<bool> straggler(settings_.world_size, false);  // waited on past half the op timeout
-  size_t straggling_ranks = 0;
-  struct Overdue {
-    std::vector<uint32_t> ranks;
-    std::vector<bool> marked;  // by rank: in `ranks` already
-    std::string note;
-    std::optional<uint32_t> replica;  // waiting for this group's partial
-  };
-  std::map<uint64_t, Overdue> overdue;  // op -> what it waits for, for timed-out ops
-  for (auto& [key, chunk] : chunks_) {
-    const auto age = now - chunk->created();
-    const bool timed_out = age > settings_.op_timeout;
-    const bool straggling = age > settings_.op_timeout / 2;
-    if (!straggling) continue;
-    std::vector<uint32_t> ranks;
-    std::string note;
-    const Chunk::Waiting waiting = chunk->waiting(participants_);
-    const std::optional<uint32_t> replica = waiting.replica;
-    if (!waiting.local_done) ranks = missing_locked(waiting.seen, &note);
-    for (uint32_t r : ranks) {
-      if (r < straggler.size() && !straggler[r]) {
-        straggler[r] = true;
-        ++straggling_ranks;
-      }
-    }
-    if (!timed_out && straggler_logged_.count(key.first)) continue;  // logged once per op
-    if (timed_out) {
-      Overdue& o = overdue[key.first];
-      if (o.marked.empty()) o.marked.resize(settings_.world_size, false);
-      for (uint32_t r : ranks) {
-        if (r < o.marked.size() && !o.marked[r]) {
-          o.marked[r] = true;
-          o.ranks.push_back(r);
-        }
-      }
-      if (!note.empty()) o.note = note;
-      if (replica && !o.replica) o.replica = replica;
-    } else {
-      straggler_logged_.insert(key.first);
-      const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(age).count();
-      if (replica) {
-        spdlog::warn("job '{}' shard {} op {} chunk {}: still waiting for {} after {} ms", name(),
-                     settings_.shard, key.first, key.second, mesh_->describe(*replica), ms);
-      } else {
-        spdlog::warn("job '{}' shard {} op {} chunk {}: still waiting for ranks [{}]{} after {} ms",
-                     name(), settings_.shard, key.first, key.second, ranks_string(ranks), note, ms);
-      }
-    }
-  }
-  // Partials whose chunk never got a local contribution: every rank of
-  // this group is missing.
-  for (auto& [key, partials] : early_) {
-    if (partials.empty() || now - partials.front().arrived <= settings_.op_timeout) continue;
-    if (overdue.count(key.first)) continue;
-    Overdue& o = overdue[key.first];
-    o.ranks = missing_locked(std::vector<bool>(settings_.world_size, false), &o.note);
-  }
-  for (auto& [op, o] : overdue) {
-    std::sort(o.ranks.begin(), o.ranks.end());
-    std::string what = "ranks [" + ranks_string(o.ranks) + "]" + o.note;
-    if (o.ranks.empty() && o.replica) {
-      // The partner waited for may itself wait for a lost replica: that
-      // one is named.
-      what = mesh_->describe(*o.replica);
-      for (uint32_t g : participants_) {
-        if (g == settings_.group) continue;
-        if (auto lost = mesh_->lost(g)) {
-          what = lost->message();
-          break;
-        }
-      }
-    }
-    fail_op_locked(
-        op,
-        Status(ErrorCode::kTimeout,
-               "op " + std::to_string(op) + " of job '" + name() + "' timed out after " +
-                   std::to_string(settings_.op_timeout.count()) + " ms on shard " +
-                   std::to_string(settings_.shard) +
-                   (participants_.size() > 1 ? " group " + std::to_string(settings_.group) : "") +
-                   " waiting for " + what + history_of(o.ranks)),
-        o.ranks);
-  }
-  return straggling_ranks;
 }
 
 void Job::retire(std::string why) {

@@ -292,6 +292,10 @@ class Job : public std::enable_shared_from_this<Job> {
   // The ranks of this group missing from `seen`, and a note on group
   // members that never joined; mu_ held.
   std::vector<uint32_t> missing_locked(const std::vector<bool>& seen, std::string* note) const;
+  // What a timed-out op waits for, gathered by sweep(); failing it names
+  // that (job_sweep.cc, with sweep, missing_locked and history_of); mu_ held.
+  struct Overdue;
+  void fail_overdue_locked(uint64_t op, Overdue& overdue);
   std::string replica_name() const;
   std::optional<Status> left_group(uint32_t group) const;
   std::vector<std::shared_ptr<JobMember>> members_locked() const;
