@@ -43,9 +43,9 @@
 #include "tally/protocol/auth.h"
 #include "tally/protocol/chunking.h"
 #include "tally/protocol/groups.h"
+#include "tally/protocol/link_rate.h"
 #include "tally/protocol/pool.h"
 #include "tally/protocol/pool_pattern.h"
-#include "tally/protocol/tcp_transport.h"
 #include "tally/reducer/butterfly.h"
 #include "worker.h"
 

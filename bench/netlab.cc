@@ -11,7 +11,7 @@
 #include <sstream>
 #include <tuple>
 
-#include "tally/protocol/tcp_transport.h"
+#include "tally/protocol/link_rate.h"
 
 namespace tally::bench {
 namespace {

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "tally/protocol/auth.h"
+#include "tally/protocol/link_rate.h"
 #include "tally/protocol/pool.h"
 #include "tally/protocol/tcp_transport.h"
 

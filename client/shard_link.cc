@@ -10,6 +10,7 @@
 #include "tally/protocol/connection_factory.h"
 #include "tally/protocol/control.h"
 #include "tally/protocol/kernels.h"
+#include "tally/protocol/link_rate.h"
 #include "tally/protocol/tcp_transport.h"
 
 namespace tally {

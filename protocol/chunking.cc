@@ -2,8 +2,8 @@
 
 #include <algorithm>
 
+#include "tally/protocol/link_rate.h"
 #include "tally/protocol/status.h"
-#include "tally/protocol/tcp_transport.h"
 
 namespace tally {
 

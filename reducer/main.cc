@@ -13,6 +13,7 @@
 #include <string_view>
 
 #include "tally/protocol/control.h"
+#include "tally/protocol/link_rate.h"
 #include "tally/reducer/http_server.h"
 #include "tally/reducer/metrics.h"
 #include "tally/reducer/reducer.h"

@@ -8,7 +8,7 @@
 #include "tally.pb.h"
 #include "tally/protocol/auth.h"
 #include "tally/protocol/control.h"
-#include "tally/protocol/tcp_transport.h"
+#include "tally/protocol/link_rate.h"
 #include "tally/reducer/job_table.h"
 
 namespace tally {

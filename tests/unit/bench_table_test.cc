@@ -4,7 +4,7 @@
 
 #include "tally/bench/netlab.h"
 #include "tally/bench/table.h"
-#include "tally/protocol/tcp_transport.h"
+#include "tally/protocol/link_rate.h"
 
 namespace tally::bench {
 namespace {

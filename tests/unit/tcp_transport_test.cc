@@ -25,6 +25,7 @@
 
 #include "tally.pb.h"
 #include "tally/protocol/frame.h"
+#include "tally/protocol/link_rate.h"
 #include "tally/protocol/transport.h"
 
 namespace tally {

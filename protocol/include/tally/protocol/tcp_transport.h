@@ -28,16 +28,6 @@ std::shared_ptr<Connection> make_tcp_connection(boost::asio::ip::tcp::socket soc
 // Errors: kInvalidArgument naming the algorithms that are allowed.
 Status check_congestion_control(const std::string& name);
 
-// A link rate as tc writes it ("1gbit", "500mbit", "100kbit", "2000000bit"),
-// in bits per second. Errors: kInvalidArgument.
-Result<uint64_t> parse_link_rate(const std::string& rate);
-
-// What each of `streams` streams sharing a link of `link_rate_bits` is paced
-// to, in bytes per second (Connection::pace): an equal share of 95% of the
-// link, as Ethernet's framing takes 2.5% of it and streams paced to the
-// whole rate would keep its queue growing. At least 1.
-uint64_t paced_share(uint64_t link_rate_bits, size_t streams);
-
 // The congestion control for streams paced to a link rate (--link-rate,
 // TALLY_LINK_RATE): `named` where set, else cubic where this process may use
 // it, else the system's default. bbr (named, or the default with cubic not
