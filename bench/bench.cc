@@ -46,6 +46,7 @@
 #include "tally/protocol/link_rate.h"
 #include "tally/protocol/pool.h"
 #include "tally/protocol/pool_pattern.h"
+#include "tally/protocol/split.h"
 #include "tally/reducer/butterfly.h"
 #include "worker.h"
 
@@ -372,17 +373,13 @@ int main(int argc, char** argv) {
     }
   }
   std::vector<std::string> peers;
-  for (std::string_view rest = compare_list; !rest.empty();) {
-    const auto comma = rest.find(',');
-    std::string name(rest.substr(0, comma));
+  for (std::string_view name : split_list(compare_list)) {
     const auto& known = known_peers();
     if (std::find(known.begin(), known.end(), name) == known.end()) {
       spdlog::error("--compare takes gloo, mpi or gloo,mpi, not '{}'", compare_list);
       return 2;
     }
-    peers.push_back(name);
-    if (comma == std::string_view::npos) break;
-    rest.remove_prefix(comma + 1);
+    peers.emplace_back(name);
   }
   if (!peers.empty() && (sweep.dtype != "float" || sweep.redop != "sum")) {
     spdlog::error("--compare runs float sum only (the peers do not do -d {} -o {})", sweep.dtype,
@@ -414,16 +411,12 @@ int main(int argc, char** argv) {
     if (g_stop) return 130;
   }
   std::vector<std::string> transports;
-  for (std::string_view rest = transport_list; !rest.empty();) {
-    const auto comma = rest.find(',');
-    std::string t(rest.substr(0, comma));
+  for (std::string_view t : split_list(transport_list)) {
     if (t != "tcp" && t != "fabric") {
       spdlog::error("--transport takes tcp, fabric or tcp,fabric, not '{}'", transport_list);
       return 2;
     }
-    transports.push_back(t);
-    if (comma == std::string_view::npos) break;
-    rest.remove_prefix(comma + 1);
+    transports.emplace_back(t);
   }
   const bool any_fabric =
       std::find(transports.begin(), transports.end(), "fabric") != transports.end();

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "peer_sweep.h"
+#include "tally/protocol/split.h"
 
 namespace {
 
@@ -60,11 +61,8 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   std::vector<std::string> names;
-  for (size_t start = 0; start <= algorithms.size();) {
-    const size_t comma = std::min(algorithms.find(',', start), algorithms.size());
-    names.push_back(algorithms.substr(start, comma - start));
-    start = comma + 1;
-  }
+  for (std::string_view n : tally::split_list(algorithms)) names.emplace_back(n);
+  if (names.empty()) names.emplace_back();  // refused below, as unknown
   for (const auto& n : names) {
     if (n != "ring_chunked" && n != "halving_doubling" && n != "allreduce") {
       std::fprintf(stderr, "tally-peer-gloo: unknown algorithm '%s'\n", n.c_str());

@@ -10,6 +10,7 @@
 #include "tally/protocol/auth.h"
 #include "tally/protocol/link_rate.h"
 #include "tally/protocol/pool.h"
+#include "tally/protocol/split.h"
 #include "tally/protocol/tcp_transport.h"
 
 namespace tally {
@@ -32,151 +33,185 @@ Result<uint64_t> parse_number(std::string_view name, std::string_view text, uint
   return v;
 }
 
-std::vector<std::string> split_commas(std::string_view text) {
-  std::vector<std::string> items;
-  while (true) {
-    auto comma = text.find(',');
-    items.emplace_back(text.substr(0, comma));
-    if (comma == std::string_view::npos) break;
-    text.remove_prefix(comma + 1);
-  }
-  return items;
-}
-
 constexpr uint64_t kU32 = std::numeric_limits<uint32_t>::max();
 constexpr uint64_t kU64 = std::numeric_limits<uint64_t>::max();
 
 }  // namespace
 
+namespace {
+
+// How one option's value is parsed into ClientOptions; `name` is for errors.
+using Setter = Status (*)(ClientOptions& o, std::string_view name, std::string_view value);
+
+template <typename T, T ClientOptions::*Field, uint64_t Max>
+Status set_number(ClientOptions& o, std::string_view name, std::string_view value) {
+  auto v = parse_number(name, value, Max);
+  if (!v) return v.status();
+  o.*Field = static_cast<T>(*v);
+  return Status::ok();
+}
+
+template <std::chrono::milliseconds ClientOptions::*Field>
+Status set_ms(ClientOptions& o, std::string_view name, std::string_view value) {
+  auto v = parse_number(name, value, kU64);
+  if (!v) return v.status();
+  o.*Field = std::chrono::milliseconds(*v);
+  return Status::ok();
+}
+
+template <std::string ClientOptions::*Field>
+Status set_text(ClientOptions& o, std::string_view, std::string_view value) {
+  o.*Field = std::string(value);
+  return Status::ok();
+}
+
+Status set_pool(ClientOptions& o, std::string_view, std::string_view value) {
+  auto addresses = parse_pool(value);  // a list, or a pattern standing for one
+  if (!addresses) return addresses.status();
+  o.pool.clear();
+  for (const HostPort& address : *addresses) o.pool.push_back(address.to_string());
+  return Status::ok();
+}
+
+Status set_group(ClientOptions& o, std::string_view name, std::string_view value) {
+  auto v = parse_number(name, value, kU32);
+  if (!v) return v.status();
+  o.group = static_cast<uint32_t>(*v);
+  return Status::ok();
+}
+
+Status set_group_sizes(ClientOptions& o, std::string_view name, std::string_view value) {
+  std::vector<uint32_t> sizes;
+  for (std::string_view item : split_list(value)) {
+    auto v = parse_number(name, item, kU32);
+    if (!v) return v.status();
+    sizes.push_back(static_cast<uint32_t>(*v));
+  }
+  o.group_sizes = std::move(sizes);
+  return Status::ok();
+}
+
+Status set_wire_dtype(ClientOptions& o, std::string_view name, std::string_view value) {
+  if (value != "bfloat16") return bad(name, value, "is not a wire dtype (bfloat16, or unset)");
+  o.wire_dtype = DType::kBFloat16;
+  return Status::ok();
+}
+
+Status set_wire_result(ClientOptions& o, std::string_view name, std::string_view value) {
+  if (value == "float32") {
+    o.wire_result = DType::kFloat32;
+  } else if (value == "bfloat16") {
+    o.wire_result = DType::kBFloat16;
+  } else {
+    return bad(name, value, "is not a result dtype of the wire (float32 or bfloat16)");
+  }
+  return Status::ok();
+}
+
+Status set_fabric_provider(ClientOptions& o, std::string_view, std::string_view value) {
+  o.fabric.provider = std::string(value);
+  return Status::ok();
+}
+
+Status set_force_registration(ClientOptions& o, std::string_view name, std::string_view value) {
+  // The spellings CLI11 accepts for the reducer's flag of the same name.
+  static const std::vector<std::string> on{"1", "true", "on", "yes", "enable", "t", "y", "+"};
+  static const std::vector<std::string> off{"0", "false", "off", "no", "disable", "f", "n", "-"};
+  std::string v(value);
+  std::transform(v.begin(), v.end(), v.begin(), [](unsigned char c) { return std::tolower(c); });
+  const bool is_on = std::find(on.begin(), on.end(), v) != on.end();
+  if (!is_on && std::find(off.begin(), off.end(), v) == off.end()) {
+    return bad(name, value, "is not a boolean (1/0, true/false, on/off, yes/no)");
+  }
+  o.fabric.force_registration = is_on;
+  return Status::ok();
+}
+
+Status set_fabric_max_msg_bytes(ClientOptions& o, std::string_view name, std::string_view value) {
+  auto v = parse_number(name, value, kU64);
+  if (!v) return v.status();
+  o.fabric.max_msg_bytes = *v;
+  return Status::ok();
+}
+
+Status set_link_rate(ClientOptions& o, std::string_view name, std::string_view value) {
+  auto rate = parse_link_rate(std::string(value));
+  if (!rate) return rate.status().with_context(std::string(name));
+  o.link_rate_bits = *rate;
+  return Status::ok();
+}
+
+// The secret's value never appears in an error.
+Status set_secret(ClientOptions& o, std::string_view name, std::string_view value) {
+  if (value.size() < kMinSecretBytes) {
+    return Status(ErrorCode::kInvalidArgument, std::string(name) + " is shorter than " +
+                                                   std::to_string(kMinSecretBytes) +
+                                                   " bytes (use e.g. `openssl rand -hex 32`)");
+  }
+  o.secret = Secret(std::string(value));
+  return Status::ok();
+}
+
+Status set_secret_file(ClientOptions& o, std::string_view name, std::string_view value) {
+  auto secret = load_secret(std::string(value), nullptr, "job secret");
+  if (!secret) return secret.status().with_context(std::string(name));
+  o.secret = std::move(*secret);
+  return Status::ok();
+}
+
+struct Option {
+  std::string_view name;
+  Setter set;
+};
+
+// Every client option, in the order the environment is applied: of two
+// names for one option, the later wins (TALLY_FABRIC_PROVIDER over
+// FI_PROVIDER, TALLY_SECRET_FILE over TALLY_SECRET).
+const std::vector<Option>& options_table() {
+  static const std::vector<Option> table{
+      {"TALLY_POOL", set_pool},
+      {"TALLY_JOB", set_text<&ClientOptions::job>},
+      {"TALLY_RANK", set_number<uint32_t, &ClientOptions::rank, kU32>},
+      {"TALLY_WORLD_SIZE", set_number<uint32_t, &ClientOptions::world_size, kU32>},
+      {"TALLY_GROUPS", set_number<uint32_t, &ClientOptions::groups, kU32>},
+      {"TALLY_GROUP", set_group},
+      {"TALLY_GROUP_SIZES", set_group_sizes},
+      {"TALLY_CHUNK_BYTES", set_number<uint64_t, &ClientOptions::chunk_bytes, kU64>},
+      {"TALLY_OP_TIMEOUT_MS", set_ms<&ClientOptions::op_timeout>},
+      {"TALLY_CONNECT_TIMEOUT_MS", set_ms<&ClientOptions::connect_timeout>},
+      {"TALLY_HEARTBEAT_MS", set_ms<&ClientOptions::heartbeat_interval>},
+      {"TALLY_PEER_TIMEOUT_MS", set_ms<&ClientOptions::peer_timeout>},
+      {"TALLY_TRANSPORT", set_text<&ClientOptions::transport>},
+      {"FI_PROVIDER", set_fabric_provider},
+      {"TALLY_FABRIC_PROVIDER", set_fabric_provider},
+      {"TALLY_FABRIC_FORCE_REGISTRATION", set_force_registration},
+      {"TALLY_FABRIC_MAX_MSG_BYTES", set_fabric_max_msg_bytes},
+      {"TALLY_TCP_CONGESTION", set_text<&ClientOptions::tcp_congestion>},
+      {"TALLY_LINK_RATE", set_link_rate},
+      {"TALLY_WIRE_DTYPE", set_wire_dtype},
+      {"TALLY_WIRE_RESULT", set_wire_result},
+      {"TALLY_RESUME_BYTES", set_number<uint64_t, &ClientOptions::resume_bytes, kU64>},
+      {"TALLY_SECRET", set_secret},
+      {"TALLY_SECRET_FILE", set_secret_file},
+  };
+  return table;
+}
+
+}  // namespace
+
 const std::vector<std::string_view>& client_option_names() {
-  static const std::vector<std::string_view> names{
-      "TALLY_POOL", "TALLY_JOB", "TALLY_RANK", "TALLY_WORLD_SIZE", "TALLY_GROUPS", "TALLY_GROUP",
-      "TALLY_GROUP_SIZES", "TALLY_CHUNK_BYTES", "TALLY_OP_TIMEOUT_MS", "TALLY_CONNECT_TIMEOUT_MS",
-      "TALLY_HEARTBEAT_MS", "TALLY_PEER_TIMEOUT_MS", "TALLY_TRANSPORT", "FI_PROVIDER",
-      "TALLY_FABRIC_PROVIDER", "TALLY_FABRIC_FORCE_REGISTRATION", "TALLY_FABRIC_MAX_MSG_BYTES",
-      "TALLY_TCP_CONGESTION", "TALLY_LINK_RATE", "TALLY_WIRE_DTYPE", "TALLY_WIRE_RESULT",
-      "TALLY_RESUME_BYTES",
-      // The file, when both are set, wins.
-      "TALLY_SECRET", "TALLY_SECRET_FILE"};
+  static const std::vector<std::string_view> names = [] {
+    std::vector<std::string_view> out;
+    for (const Option& option : options_table()) out.push_back(option.name);
+    return out;
+  }();
   return names;
 }
 
 Status set_client_option(ClientOptions& o, std::string_view name, std::string_view value) {
-  using std::chrono::milliseconds;
   if (value.empty()) return Status::ok();
-  auto number = [&](uint64_t max, auto&& set) -> Status {
-    auto v = parse_number(name, value, max);
-    if (!v) return v.status();
-    set(*v);
-    return Status::ok();
-  };
-  if (name == "TALLY_POOL") {
-    auto addresses = parse_pool(value);  // a list, or a pattern standing for one
-    if (!addresses) return addresses.status();
-    o.pool.clear();
-    for (const HostPort& address : *addresses) o.pool.push_back(address.to_string());
-    return Status::ok();
-  }
-  if (name == "TALLY_JOB") {
-    o.job = std::string(value);
-    return Status::ok();
-  }
-  if (name == "TALLY_RANK")
-    return number(kU32, [&](uint64_t v) { o.rank = static_cast<uint32_t>(v); });
-  if (name == "TALLY_WORLD_SIZE") {
-    return number(kU32, [&](uint64_t v) { o.world_size = static_cast<uint32_t>(v); });
-  }
-  if (name == "TALLY_GROUPS")
-    return number(kU32, [&](uint64_t v) { o.groups = static_cast<uint32_t>(v); });
-  if (name == "TALLY_GROUP")
-    return number(kU32, [&](uint64_t v) { o.group = static_cast<uint32_t>(v); });
-  if (name == "TALLY_GROUP_SIZES") {
-    std::vector<uint32_t> sizes;
-    for (auto& item : split_commas(value)) {
-      auto v = parse_number(name, item, kU32);
-      if (!v) return v.status();
-      sizes.push_back(static_cast<uint32_t>(*v));
-    }
-    o.group_sizes = std::move(sizes);
-    return Status::ok();
-  }
-  if (name == "TALLY_CHUNK_BYTES") return number(kU64, [&](uint64_t v) { o.chunk_bytes = v; });
-  if (name == "TALLY_RESUME_BYTES") return number(kU64, [&](uint64_t v) { o.resume_bytes = v; });
-  if (name == "TALLY_WIRE_DTYPE") {
-    if (value != "bfloat16") return bad(name, value, "is not a wire dtype (bfloat16, or unset)");
-    o.wire_dtype = DType::kBFloat16;
-    return Status::ok();
-  }
-  if (name == "TALLY_WIRE_RESULT") {
-    if (value == "float32") {
-      o.wire_result = DType::kFloat32;
-    } else if (value == "bfloat16") {
-      o.wire_result = DType::kBFloat16;
-    } else {
-      return bad(name, value, "is not a result dtype of the wire (float32 or bfloat16)");
-    }
-    return Status::ok();
-  }
-  if (name == "TALLY_OP_TIMEOUT_MS")
-    return number(kU64, [&](uint64_t v) { o.op_timeout = milliseconds(v); });
-  if (name == "TALLY_CONNECT_TIMEOUT_MS") {
-    return number(kU64, [&](uint64_t v) { o.connect_timeout = milliseconds(v); });
-  }
-  if (name == "TALLY_HEARTBEAT_MS") {
-    return number(kU64, [&](uint64_t v) { o.heartbeat_interval = milliseconds(v); });
-  }
-  if (name == "TALLY_PEER_TIMEOUT_MS") {
-    return number(kU64, [&](uint64_t v) { o.peer_timeout = milliseconds(v); });
-  }
-  if (name == "TALLY_TRANSPORT") {
-    o.transport = std::string(value);
-    return Status::ok();
-  }
-  if (name == "FI_PROVIDER" || name == "TALLY_FABRIC_PROVIDER") {
-    o.fabric.provider = std::string(value);
-    return Status::ok();
-  }
-  if (name == "TALLY_FABRIC_FORCE_REGISTRATION") {
-    // The spellings CLI11 accepts for the reducer's flag of the same name.
-    static const std::vector<std::string> on{"1", "true", "on", "yes", "enable", "t", "y", "+"};
-    static const std::vector<std::string> off{"0", "false", "off", "no", "disable", "f", "n", "-"};
-    std::string v(value);
-    std::transform(v.begin(), v.end(), v.begin(), [](unsigned char c) { return std::tolower(c); });
-    const bool is_on = std::find(on.begin(), on.end(), v) != on.end();
-    if (!is_on && std::find(off.begin(), off.end(), v) == off.end()) {
-      return bad(name, value, "is not a boolean (1/0, true/false, on/off, yes/no)");
-    }
-    o.fabric.force_registration = is_on;
-    return Status::ok();
-  }
-  if (name == "TALLY_FABRIC_MAX_MSG_BYTES") {
-    return number(kU64, [&](uint64_t v) { o.fabric.max_msg_bytes = v; });
-  }
-  if (name == "TALLY_TCP_CONGESTION") {
-    o.tcp_congestion = std::string(value);
-    return Status::ok();
-  }
-  if (name == "TALLY_LINK_RATE") {
-    auto rate = parse_link_rate(std::string(value));
-    if (!rate) return rate.status().with_context("TALLY_LINK_RATE");
-    o.link_rate_bits = *rate;
-    return Status::ok();
-  }
-  // The secret's value never appears in an error.
-  if (name == "TALLY_SECRET") {
-    if (value.size() < kMinSecretBytes) {
-      return Status(ErrorCode::kInvalidArgument, "TALLY_SECRET is shorter than " +
-                                                     std::to_string(kMinSecretBytes) +
-                                                     " bytes (use e.g. `openssl rand -hex 32`)");
-    }
-    o.secret = Secret(std::string(value));
-    return Status::ok();
-  }
-  if (name == "TALLY_SECRET_FILE") {
-    auto secret = load_secret(std::string(value), nullptr, "job secret");
-    if (!secret) return secret.status().with_context("TALLY_SECRET_FILE");
-    o.secret = std::move(*secret);
-    return Status::ok();
+  for (const Option& option : options_table()) {
+    if (option.name == name) return option.set(o, name, value);
   }
   return Status(ErrorCode::kInvalidArgument, "unknown client option '" + std::string(name) +
                                                  "' (the TALLY_* names of docs/configuration.md)");

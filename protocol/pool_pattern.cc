@@ -2,6 +2,8 @@
 
 #include <charconv>
 
+#include "tally/protocol/split.h"
+
 namespace tally {
 
 namespace {
@@ -68,17 +70,12 @@ Status expand_item(std::string_view item, std::vector<std::string>& out) {
 
 Result<std::vector<std::string>> expand_pool_pattern(std::string_view spec) {
   std::vector<std::string> out;
-  std::string_view rest = spec;
-  while (!rest.empty()) {
-    const size_t sep = rest.find_first_of(",\n");
-    std::string_view item = rest.substr(0, sep);
+  for (std::string_view item : split_list(spec, ",\n")) {
     while (!item.empty() && (item.front() == ' ' || item.front() == '\t')) item.remove_prefix(1);
     while (!item.empty() && (item.back() == ' ' || item.back() == '\t' || item.back() == '\r')) {
       item.remove_suffix(1);
     }
     if (!item.empty()) TALLY_RETURN_IF_ERROR(expand_item(item, out));
-    if (sep == std::string_view::npos) break;
-    rest.remove_prefix(sep + 1);
   }
   return out;
 }

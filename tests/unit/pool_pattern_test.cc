@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include "tally/protocol/split.h"
+
 namespace tally {
 namespace {
 
@@ -59,6 +61,23 @@ TEST(PoolPattern, HugeRangeIsRefusedNotAllocated) {
   auto r = expand_pool_pattern("t-{0..999999999}:1");
   ASSERT_FALSE(r);
   EXPECT_NE(r.status().message().find("more than"), std::string::npos) << r.status().to_string();
+}
+
+}  // namespace
+}  // namespace tally
+
+namespace tally {
+namespace {
+
+TEST(SplitList, GivesTheItemsBetweenSeparatorsUntrimmed) {
+  using V = std::vector<std::string_view>;
+  EXPECT_EQ(split_list(""), V{});
+  EXPECT_EQ(split_list("a"), V{"a"});
+  EXPECT_EQ(split_list("a,b"), (V{"a", "b"}));
+  EXPECT_EQ(split_list("a,"), (V{"a", ""}));
+  EXPECT_EQ(split_list(",a"), (V{"", "a"}));
+  EXPECT_EQ(split_list(" a ,b"), (V{" a ", "b"}));
+  EXPECT_EQ(split_list("a\nb,c", ",\n"), (V{"a", "b", "c"}));
 }
 
 }  // namespace
