@@ -100,8 +100,8 @@ PayloadAction ShardLink::on_data_header(const FrameHeader& h) {
 }
 
 std::string ShardLink::identity() const {
-  return client_.options.job + '\0' + std::to_string(client_.options.rank) + '/' +
-         std::to_string(client_.options.world_size) + '/' + std::to_string(client_.group);
+  return auth_identity(client_.options.job, client_.options.rank, client_.options.world_size,
+                       client_.group);
 }
 
 void ShardLink::on_control(const wire::Control& message) {

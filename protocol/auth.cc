@@ -77,6 +77,12 @@ std::string_view role_label(AuthRole role) {
 
 }  // namespace
 
+std::string auth_identity(std::string_view job, uint32_t rank, uint32_t world_size,
+                          uint32_t group) {
+  return std::string(job) + '\0' + std::to_string(rank) + '/' + std::to_string(world_size) + '/' +
+         std::to_string(group);
+}
+
 std::string auth_mac(const Secret& secret, AuthRole role, std::string_view challenger_nonce,
                      std::string_view responder_nonce, std::string_view identity) {
   std::string message;

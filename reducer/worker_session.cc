@@ -135,8 +135,7 @@ void WorkerSession::on_closed(const Status& why) {
 }
 
 std::string WorkerSession::identity(const wire::Hello& hello) {
-  return hello.job() + '\0' + std::to_string(hello.rank()) + '/' +
-         std::to_string(hello.world_size()) + '/' + std::to_string(hello.group());
+  return auth_identity(hello.job(), hello.rank(), hello.world_size(), hello.group());
 }
 
 void WorkerSession::on_hello(const wire::Hello& hello) {

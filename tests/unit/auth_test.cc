@@ -82,3 +82,18 @@ TEST(Auth, TheMacBindsSecretRoleNoncesAndIdentity) {
 
 }  // namespace
 }  // namespace tally
+
+namespace tally {
+namespace {
+
+TEST(AuthIdentity, IsTheJobThenTheWorkersPlaceInIt) {
+  using namespace std::string_literals;
+  EXPECT_EQ(auth_identity("train", 3, 8, 1),
+            "train\0"s
+            "3/8/1");
+  // A job name cannot run into the rank: the NUL ends it.
+  EXPECT_NE(auth_identity("a1", 2, 4, 0), auth_identity("a", 12, 4, 0));
+}
+
+}  // namespace
+}  // namespace tally

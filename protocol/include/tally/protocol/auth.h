@@ -6,6 +6,7 @@
 // another rank, job or direction.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -51,6 +52,11 @@ Result<Secret> load_secret(const std::string& file, const char* env_var, std::st
 
 // kAuthNonceBytes from the OS's random source (RAND_bytes).
 std::string make_nonce();
+
+// What a worker stream's MACs cover beside the nonces: the job and the
+// worker's place in it, as its Hello says them (job NUL rank/world/group).
+// The one builder, for the worker and the reducer alike.
+std::string auth_identity(std::string_view job, uint32_t rank, uint32_t world_size, uint32_t group);
 
 // HMAC-SHA256 over the role, both nonces and `identity` (length-prefixed).
 std::string auth_mac(const Secret& secret, AuthRole role, std::string_view challenger_nonce,
