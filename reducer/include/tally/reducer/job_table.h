@@ -22,7 +22,7 @@
 
 #include "tally/protocol/status.h"
 #include "tally/reducer/job.h"
-#include "tally/reducer/reducer.h"
+#include "tally/reducer/reducer_options.h"
 #include "tally/reducer/replica_mesh.h"
 #include "tally/reducer/slab_pool.h"
 

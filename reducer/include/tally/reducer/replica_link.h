@@ -22,7 +22,7 @@
 #include "tally/protocol/status.h"
 #include "tally/protocol/tcp_transport.h"
 #include "tally/protocol/transport.h"
-#include "tally/reducer/reducer.h"
+#include "tally/reducer/reducer_options.h"
 
 namespace tally {
 

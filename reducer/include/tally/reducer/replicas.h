@@ -23,7 +23,7 @@
 #include "tally/protocol/fabric_transport.h"
 #include "tally/protocol/status.h"
 #include "tally/protocol/tcp_transport.h"
-#include "tally/reducer/reducer.h"
+#include "tally/reducer/reducer_options.h"
 #include "tally/reducer/replica_mesh.h"
 
 namespace tally {

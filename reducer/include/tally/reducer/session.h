@@ -11,7 +11,7 @@
 
 #include "tally/protocol/status.h"
 #include "tally/protocol/transport.h"
-#include "tally/reducer/reducer.h"
+#include "tally/reducer/reducer_options.h"
 
 namespace tally {
 

@@ -1,0 +1,74 @@
+// What a reducer is configured with (tally-reducer's flags, main.cc): its
+// place in the pool, its memory, its windows and limits, its transports
+// and secrets. In a header of its own, so that the parts of the reducer
+// below the daemon (sessions, the job table, replicas, metrics) read their
+// settings without knowing the daemon.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "tally/protocol/address.h"
+#include "tally/protocol/auth.h"
+#include "tally/protocol/fabric_transport.h"
+#include "tally/protocol/transport.h"
+
+namespace tally {
+
+struct ReducerOptions {
+  HostPort listen{"127.0.0.1", 7070};
+  uint32_t shard = 0;
+  uint32_t shard_count = 1;
+  // Replica groups: this reducer serves group `group` of `group_count`.
+  uint32_t group = 0;
+  uint32_t group_count = 1;
+  // With more than one group: the whole pool, "host:port,..." in (group,
+  // shard) order (the same list workers get as TALLY_POOL), from which the
+  // reducer takes the other replicas of its shard; or "@PATH", a file
+  // holding that list, read when the replicas are first dialled (for
+  // launchers that learn the ports only after start-up).
+  std::string pool;
+  size_t io_threads = 2;
+  // All chunk memory, mapped at start-up and never grown.
+  size_t memory_budget_bytes = 512u << 20;
+  // Largest chunk accepted; the size of each buffer in the pool.
+  size_t max_chunk_bytes = 4u << 20;
+  // Chunks a worker may have in flight per stream; each job reserves this
+  // many buffers plus two (job.h explains why that cannot deadlock).
+  uint32_t window_chunks = 8;
+  // Bytes of contributions all workers of a job together may have sent to
+  // this reducer without their results (incast control); each worker stream
+  // gets an equal share in its Welcome. docs/architecture.md says why 16 MiB.
+  size_t ingress_window_bytes = 16u << 20;
+  // The rate of this reducer's link, in bits per second (0: unknown). Each
+  // worker stream is paced to an equal share of it, so that the results
+  // sent to a job's workers at once stay within the link
+  // (docs/architecture.md, "Pacing to the link"). --link-rate.
+  uint64_t link_rate_bits = 0;
+  ConnectionOptions connection;
+  // "tcp": data on the TCP streams only. "fabric": also serves workers that
+  // ask for the libfabric data path (tcp workers are still served).
+  std::string transport = "tcp";
+  FabricOptions fabric;
+  // Largest world size a job may declare: a Hello is untrusted input, and
+  // per-job and per-chunk state grow with it.
+  uint32_t max_world_size = 65536;
+  // Workers that hold the job secret authenticate with it (challenge-
+  // response, docs/protocol.md); with require_auth every job must.
+  Secret job_secret;
+  bool require_auth = false;
+  // Replicas of a shard authenticate their links with the pool secret.
+  Secret pool_secret;
+  // Open streams (workers, replicas, and streams still before their hello);
+  // one more is closed as soon as it is accepted, so a flood of sockets
+  // cannot take every descriptor the reducer has.
+  size_t max_connections = 4096;
+  // A stream that has not sent its hello by then is closed.
+  std::chrono::milliseconds hello_timeout{10000};
+  // Longest op timeout a worker may ask for.
+  std::chrono::milliseconds max_op_timeout{3600 * 1000};
+};
+
+}  // namespace tally
