@@ -1,5 +1,6 @@
 #include "tally/client/option_names.h"
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cctype>
 #include <charconv>
@@ -33,6 +34,22 @@ Result<uint64_t> parse_number(std::string_view name, std::string_view text, uint
   return v;
 }
 
+// A byte count, bare or with a size suffix as the reducer's flags take it
+// (CLI11's AsSizeValue, 1024-based: 4MiB, 4M, 64k, 1G).
+Result<uint64_t> parse_bytes(std::string_view name, std::string_view text) {
+  std::string converted(text);
+  std::string error;
+  try {
+    error = CLI::AsSizeValue(false)(converted);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  if (!error.empty()) {
+    return bad(name, text, "is not a byte count (a number, or with a suffix: 64k, 4MiB, 1G)");
+  }
+  return parse_number(name, converted, std::numeric_limits<uint64_t>::max());
+}
+
 constexpr uint64_t kU32 = std::numeric_limits<uint32_t>::max();
 constexpr uint64_t kU64 = std::numeric_limits<uint64_t>::max();
 
@@ -48,6 +65,14 @@ Status set_number(ClientOptions& o, std::string_view name, std::string_view valu
   auto v = parse_number(name, value, Max);
   if (!v) return v.status();
   o.*Field = static_cast<T>(*v);
+  return Status::ok();
+}
+
+template <uint64_t ClientOptions::*Field>
+Status set_bytes(ClientOptions& o, std::string_view name, std::string_view value) {
+  auto v = parse_bytes(name, value);
+  if (!v) return v.status();
+  o.*Field = *v;
   return Status::ok();
 }
 
@@ -128,7 +153,7 @@ Status set_force_registration(ClientOptions& o, std::string_view name, std::stri
 }
 
 Status set_fabric_max_msg_bytes(ClientOptions& o, std::string_view name, std::string_view value) {
-  auto v = parse_number(name, value, kU64);
+  auto v = parse_bytes(name, value);
   if (!v) return v.status();
   o.fabric.max_msg_bytes = *v;
   return Status::ok();
@@ -176,7 +201,7 @@ const std::vector<Option>& options_table() {
       {"TALLY_GROUPS", set_number<uint32_t, &ClientOptions::groups, kU32>},
       {"TALLY_GROUP", set_group},
       {"TALLY_GROUP_SIZES", set_group_sizes},
-      {"TALLY_CHUNK_BYTES", set_number<uint64_t, &ClientOptions::chunk_bytes, kU64>},
+      {"TALLY_CHUNK_BYTES", set_bytes<&ClientOptions::chunk_bytes>},
       {"TALLY_OP_TIMEOUT_MS", set_ms<&ClientOptions::op_timeout>},
       {"TALLY_CONNECT_TIMEOUT_MS", set_ms<&ClientOptions::connect_timeout>},
       {"TALLY_HEARTBEAT_MS", set_ms<&ClientOptions::heartbeat_interval>},
@@ -190,7 +215,7 @@ const std::vector<Option>& options_table() {
       {"TALLY_LINK_RATE", set_link_rate},
       {"TALLY_WIRE_DTYPE", set_wire_dtype},
       {"TALLY_WIRE_RESULT", set_wire_result},
-      {"TALLY_RESUME_BYTES", set_number<uint64_t, &ClientOptions::resume_bytes, kU64>},
+      {"TALLY_RESUME_BYTES", set_bytes<&ClientOptions::resume_bytes>},
       {"TALLY_SECRET", set_secret},
       {"TALLY_SECRET_FILE", set_secret_file},
   };

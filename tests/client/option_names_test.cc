@@ -115,7 +115,8 @@ TEST(OptionNames, RejectWhatTheEnvironmentRejects) {
   const std::vector<Env> cases{
       with(kBase, {{"TALLY_RANK", "-1"}}),
       with(kBase, {{"TALLY_RANK", "4294967296"}}),
-      with(kBase, {{"TALLY_CHUNK_BYTES", "1MiB"}}),
+      with(kBase, {{"TALLY_CHUNK_BYTES", "1.5MiB"}}),
+      with(kBase, {{"TALLY_RESUME_BYTES", "4 parsecs"}}),
       with(kBase, {{"TALLY_FABRIC_FORCE_REGISTRATION", "maybe"}}),
       with(kBase, {{"TALLY_GROUP_SIZES", "1,x"}}),
       // Only float32 tensors have another wire, and only bfloat16.
@@ -143,6 +144,25 @@ TEST(OptionNames, WireDtypeIsUnsetByDefaultAndBfloat16WhenSet) {
   EXPECT_EQ(s.code(), ErrorCode::kInvalidArgument);
   EXPECT_NE(s.message().find("TALLY_WIRE_DTYPE='float16'"), std::string::npos) << s.message();
   EXPECT_EQ(o.wire_dtype, DType::kBFloat16);  // a rejected value changes nothing
+}
+
+// Byte counts take the suffixes the reducer's flags take (--max-chunk-bytes 4MiB).
+TEST(OptionNames, ByteCountsTakeSizeSuffixes) {
+  ClientOptions o;
+  ASSERT_TRUE(set_client_option(o, "TALLY_CHUNK_BYTES", "256KiB").is_ok());
+  EXPECT_EQ(o.chunk_bytes, 256u << 10);
+  ASSERT_TRUE(set_client_option(o, "TALLY_CHUNK_BYTES", "64k").is_ok());
+  EXPECT_EQ(o.chunk_bytes, 64u << 10);
+  ASSERT_TRUE(set_client_option(o, "TALLY_RESUME_BYTES", "1G").is_ok());
+  EXPECT_EQ(o.resume_bytes, uint64_t{1} << 30);
+  ASSERT_TRUE(set_client_option(o, "TALLY_FABRIC_MAX_MSG_BYTES", "8192").is_ok());
+  EXPECT_EQ(o.fabric.max_msg_bytes, 8192u);
+  Status s = set_client_option(o, "TALLY_CHUNK_BYTES", "4 furlongs");
+  EXPECT_EQ(s.code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("TALLY_CHUNK_BYTES='4 furlongs' is not a byte count"),
+            std::string::npos)
+      << s.message();
+  EXPECT_EQ(o.chunk_bytes, 64u << 10);  // unchanged
 }
 
 TEST(OptionNames, UnknownNameIsNamed) {
