@@ -44,9 +44,11 @@
 #include "tally/protocol/chunking.h"
 #include "tally/protocol/groups.h"
 #include "tally/protocol/link_rate.h"
+#include "tally/protocol/log_level.h"
 #include "tally/protocol/pool.h"
 #include "tally/protocol/pool_pattern.h"
 #include "tally/protocol/split.h"
+#include "tally/protocol/version.h"
 #include "tally/reducer/butterfly.h"
 #include "worker.h"
 
@@ -239,6 +241,7 @@ int main(int argc, char** argv) {
   bool bytes_report = false;
 
   CLI::App app{"tally-bench: all-reduce bandwidth sweeps through a tally reducer pool"};
+  app.set_version_flag("--version", "tally-bench " + version_string());
   app.add_option("-b,--minbytes", sweep.min_bytes, "smallest size")
       ->transform(CLI::AsSizeValue(false))
       ->capture_default_str();
@@ -317,7 +320,8 @@ int main(int argc, char** argv) {
                  "libfabric provider (default: the reducers' and workers' own)");
   app.add_option("--job", job, "job name (default: bench-<pid>)");
   app.add_option("--log-level", log_level, "log level of bench and local reducers")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::IsMember(log_level_names()));
   app.add_option("--compare", compare_list,
                  "also run the sweep with these peers (gloo, mpi) on the same workers' hosts and "
                  "print tally's algbw over the best peer's, per size (float sum only)");

@@ -19,6 +19,7 @@
 #include "tally/bench/local_pool.h"
 #include "tally/bench/netlab.h"
 #include "tally/bench/process.h"
+#include "tally/protocol/log_level.h"
 
 namespace tally::bench {
 namespace {
@@ -169,7 +170,8 @@ int launch_main(int argc, char** argv) {
   app.add_option("--timeout-s", o.timeout_s, "the ranks are stopped after this long")
       ->capture_default_str();
   app.add_option("--log-level", o.log_level, "log level of the local reducers")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::IsMember(log_level_names()));
   app.add_option("command", o.command, "the command each rank runs (after --)")->required();
   try {
     app.parse(argc, argv);

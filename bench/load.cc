@@ -26,6 +26,7 @@
 #include "tally/bench/process.h"
 #include "tally/bench/table.h"
 #include "tally/client/client.h"
+#include "tally/protocol/log_level.h"
 
 namespace tally::bench {
 namespace {
@@ -503,7 +504,8 @@ int load_main(int argc, char** argv) {
       ->check(CLI::Range(1, 64));
   app.add_option("--job", o.job, "prefix of the job names (default: load-<pid>)");
   app.add_option("--log-level", o.log_level, "log level of the workers and local reducers")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::IsMember(log_level_names()));
   app.add_option("--netlab", o.netlab_rate,
                  "run every worker and reducer on a host of its own in a network lab, each "
                  "link capped both ways at RATE (tc units, e.g. 1gbit; root), the last worker "

@@ -14,6 +14,8 @@
 
 #include "tally/protocol/control.h"
 #include "tally/protocol/link_rate.h"
+#include "tally/protocol/log_level.h"
+#include "tally/protocol/version.h"
 #include "tally/reducer/http_server.h"
 #include "tally/reducer/metrics.h"
 #include "tally/reducer/reducer.h"
@@ -65,6 +67,7 @@ int main(int argc, char** argv) {
 
   CLI::App app{
       "tally-reducer: sums gradient chunks from training workers and streams the results back"};
+  app.set_version_flag("--version", "tally-reducer " + tally::version_string());
   app.add_option("--listen", listen, "address to listen on, host:port (port 0 picks one)")
       ->envname("TALLY_LISTEN")
       ->capture_default_str();
@@ -180,9 +183,10 @@ int main(int argc, char** argv) {
       ->envname("TALLY_FABRIC_MAX_MSG_BYTES")
       ->capture_default_str()
       ->transform(CLI::AsSizeValue(false));
-  app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
+  app.add_option("--log-level", log_level, "trace, debug, info, warn, error, critical or off")
       ->envname("TALLY_LOG_LEVEL")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::IsMember(tally::log_level_names()));
   app.add_option("--ready-file", ready_file,
                  "write the bound host:port here once listening (for launchers)");
   CLI11_PARSE(app, argc, argv);

@@ -15,6 +15,7 @@
 
 #include "harness.h"
 #include "tally/bench/table.h"
+#include "tally/protocol/version.h"
 
 namespace tally::testing {
 namespace {
@@ -271,3 +272,30 @@ TEST(Bench, NetlabRefusesWithoutRoot) {
 
 }  // namespace
 }  // namespace tally::testing
+
+namespace tally {
+namespace {
+
+// Every binary says its version and commit, and refuses a log level spdlog
+// would read as "off" (a typo must not silence a reducer).
+TEST(Cli, BinariesPrintTheirVersionAndRefuseAnUnknownLogLevel) {
+  const std::string version = std::string(TALLY_VERSION) + " (" + git_sha() + ")";
+  for (const auto& [path, name] : {std::pair{std::string(TALLY_REDUCER_PATH), "tally-reducer"},
+                                   std::pair{std::string(TALLY_BENCH_PATH), "tally-bench"}}) {
+    auto shown = bench::run_command(path, {"--version"});
+    EXPECT_TRUE(shown.ok()) << shown.output;
+    EXPECT_EQ(shown.output, std::string(name) + " " + version + "\n");
+    auto typo = bench::run_command(path, {"--log-level", "warnig"});
+    EXPECT_NE(typo.status, 0) << name;
+    EXPECT_NE(typo.output.find("--log-level: warnig not in {trace,debug,info,warn,warning,error,"
+                               "critical,off}"),
+              std::string::npos)
+        << typo.output;
+  }
+  auto load = bench::run_command(TALLY_BENCH_PATH, {"load", "--log-level", "loud"});
+  EXPECT_NE(load.status, 0);
+  EXPECT_NE(load.output.find("loud not in"), std::string::npos) << load.output;
+}
+
+}  // namespace
+}  // namespace tally
