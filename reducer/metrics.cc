@@ -1,8 +1,13 @@
 #include "tally/reducer/metrics.h"
 
 #include <prometheus/text_serializer.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
+#include <filesystem>
+#include <fstream>
 #include <sstream>
+#include <string>
 
 #include "tally/protocol/version.h"
 
@@ -136,6 +141,66 @@ std::vector<MetricFamily> reducer_metric_families(const ReducerStats& s, const R
   return out;
 }
 
+ProcessStats read_process_stats() {
+  ProcessStats p;
+  const double tick = static_cast<double>(sysconf(_SC_CLK_TCK));
+  const double page = static_cast<double>(sysconf(_SC_PAGESIZE));
+  if (std::ifstream in("/proc/self/stat"); in) {
+    // Fields after the command (which may hold spaces, so it is skipped to
+    // its closing parenthesis): 3 state ... 14 utime, 15 stime ... 22
+    // starttime, 23 vsize (proc(5)).
+    std::string line;
+    std::getline(in, line);
+    std::istringstream fields(line.substr(line.rfind(')') + 2));
+    std::string field;
+    for (int i = 3; fields >> field; ++i) {
+      if (i == 14 || i == 15) p.cpu_seconds += std::stod(field) / tick;
+      if (i == 22) p.start_time_seconds = std::stod(field) / tick;
+      if (i == 23) p.virtual_bytes = std::stod(field);
+    }
+  }
+  if (std::ifstream in("/proc/self/statm"); in) {
+    double size = 0, resident = 0;
+    if (in >> size >> resident) p.resident_bytes = resident * page;
+  }
+  if (std::ifstream in("/proc/stat"); in) {  // starttime counts from boot
+    std::string key;
+    double value = 0;
+    while (in >> key) {
+      if (key == "btime" && in >> value) {
+        p.start_time_seconds += value;
+        break;
+      }
+      in.ignore(1 << 20, '\n');
+    }
+  }
+  std::error_code ec;
+  for (auto it = std::filesystem::directory_iterator("/proc/self/fd", ec);
+       !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
+    p.open_fds += 1;
+  }
+  if (rlimit limit{}; getrlimit(RLIMIT_NOFILE, &limit) == 0) {
+    p.max_fds = static_cast<double>(limit.rlim_cur);
+  }
+  return p;
+}
+
+std::vector<MetricFamily> process_metric_families(const ProcessStats& p) {
+  return {
+      single("process_cpu_seconds_total", "User and system CPU time spent, in seconds.",
+             MetricType::Counter, p.cpu_seconds),
+      single("process_resident_memory_bytes", "Resident memory size in bytes.", MetricType::Gauge,
+             p.resident_bytes),
+      single("process_virtual_memory_bytes", "Virtual memory size in bytes.", MetricType::Gauge,
+             p.virtual_bytes),
+      single("process_open_fds", "Open file descriptors.", MetricType::Gauge, p.open_fds),
+      single("process_max_fds", "The most file descriptors the process may open.",
+             MetricType::Gauge, p.max_fds),
+      single("process_start_time_seconds", "When the process started, in seconds since the epoch.",
+             MetricType::Gauge, p.start_time_seconds),
+  };
+}
+
 std::string metrics_text(const std::vector<MetricFamily>& families) {
   std::ostringstream out;
   prometheus::TextSerializer().Serialize(out, families);
@@ -165,6 +230,9 @@ ReducerMetrics::ReducerMetrics(const Reducer& reducer, ReducerIdentity identity)
 
 std::vector<MetricFamily> ReducerMetrics::Collect() const {
   auto out = reducer_metric_families(reducer_.stats(), identity_, reducer_.readiness().is_ok());
+  auto process = process_metric_families(read_process_stats());
+  out.insert(out.end(), std::make_move_iterator(process.begin()),
+             std::make_move_iterator(process.end()));
   auto http = http_registry_->Collect();
   out.insert(out.end(), std::make_move_iterator(http.begin()), std::make_move_iterator(http.end()));
   return out;

@@ -115,6 +115,16 @@ TEST(Observe, MetricsCountTheBytesTheWorkersMoved) {
     EXPECT_EQ(m["tally_payload_bytes_received_total{peer=\"replica\"}"], 0) << i;
     EXPECT_EQ(m["tally_ready"], 1) << i;
     EXPECT_EQ(m["tally_streams_paused"], 0) << i;
+    // The process's own resources, as every Prometheus client names them.
+    EXPECT_GT(m["process_resident_memory_bytes"], 1 << 20) << i;
+    EXPECT_GE(m["process_virtual_memory_bytes"], m["process_resident_memory_bytes"]) << i;
+    EXPECT_GT(m["process_cpu_seconds_total"], 0) << i;
+    EXPECT_GE(m["process_open_fds"], 3) << i;
+    EXPECT_LT(m["process_open_fds"], m["process_max_fds"]) << i;
+    const double now =
+        std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+    EXPECT_GT(m["process_start_time_seconds"], now - 600) << i;
+    EXPECT_LT(m["process_start_time_seconds"], now + 5) << i;
     EXPECT_TRUE(
         eventually([&] { return p.metrics(i)["tally_streams_active{kind=\"worker\"}"] == 0; }, 5s))
         << i;

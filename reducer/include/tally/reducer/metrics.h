@@ -35,6 +35,22 @@ std::vector<prometheus::MetricFamily> reducer_metric_families(const ReducerStats
                                                               const ReducerIdentity& identity,
                                                               bool ready);
 
+// This process's resources, read from /proc/self when asked.
+struct ProcessStats {
+  double cpu_seconds = 0;  // user + system
+  double resident_bytes = 0;
+  double virtual_bytes = 0;
+  double open_fds = 0;
+  double max_fds = 0;             // RLIMIT_NOFILE's soft limit
+  double start_time_seconds = 0;  // since the Unix epoch
+};
+// Fields that cannot be read are 0.
+ProcessStats read_process_stats();
+
+// The process_* families every Prometheus client exports (process_cpu_
+// seconds_total, process_resident_memory_bytes, ...), from `stats` (pure).
+std::vector<prometheus::MetricFamily> process_metric_families(const ProcessStats& stats);
+
 // Prometheus text exposition format (version 0.0.4) of `families`.
 std::string metrics_text(const std::vector<prometheus::MetricFamily>& families);
 
