@@ -127,12 +127,13 @@ case "$cmd" in
     export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
     export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
     # No python label there: an unsanitized interpreter cannot load a
-    # sanitized module (those builds do not build it); nor the docs checks,
-    # which the plain build ran.
+    # sanitized module (those builds do not build it); nor the docs and
+    # install checks, which the plain build ran (an unsanitized consumer
+    # cannot link sanitized libraries).
     # The core subset: without the `extended` label (the fabric size sweep,
     # tests/CMakeLists.txt), which the plain build above ran.
     build build-asan -DTALLY_SANITIZE=address
-    run_tests build-asan -LE "python|helm|docs|extended"
+    run_tests build-asan -LE "python|helm|docs|install|extended"
     build build-tsan -DTALLY_SANITIZE=thread
     # Not the fabric tests under TSan: libfabric is not instrumented, and a
     # TSan-built rank opens its endpoint 5x slower (1-2.5 s, over 3 s beside
@@ -140,7 +141,7 @@ case "$cmd" in
     # (8 in one CI run, 2 in a quiet rerun). Plain and ASan+UBSan run them.
     # Nor the `sweep` families (one code path over many sizes and types):
     # TSan looks for interleavings, which the other tests drive harder.
-    run_tests build-tsan -LE "python|helm|docs|extended|fabric|sweep"
+    run_tests build-tsan -LE "python|helm|docs|install|extended|fabric|sweep"
     # The libFuzzer targets (docs/fuzzing.md): a clang build of them alone,
     # each fuzzing for TALLY_FUZZ_SECONDS (CI's time budget; the longer run
     # is documented there) and replaying its committed seeds.
