@@ -168,10 +168,10 @@ Status set_link_rate(ClientOptions& o, std::string_view name, std::string_view v
 
 // The secret's value never appears in an error.
 Status set_secret(ClientOptions& o, std::string_view name, std::string_view value) {
-  if (value.size() < kMinSecretBytes) {
-    return Status(ErrorCode::kInvalidArgument, std::string(name) + " is shorter than " +
-                                                   std::to_string(kMinSecretBytes) +
-                                                   " bytes (use e.g. `openssl rand -hex 32`)");
+  if (value.size() < kMinSecretBytes || value.size() > kMaxSecretBytes) {
+    return Status(ErrorCode::kInvalidArgument,
+                  std::string(name) + " is not " + std::to_string(kMinSecretBytes) + " to " +
+                      std::to_string(kMaxSecretBytes) + " bytes (use e.g. `openssl rand -hex 32`)");
   }
   o.secret = Secret(std::string(value));
   return Status::ok();

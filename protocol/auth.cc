@@ -1,14 +1,21 @@
 #include "tally/protocol/auth.h"
 
+#include <fcntl.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
-#include <fstream>
-#include <sstream>
+#include <cstring>
+#include <optional>
+#include <vector>
 
 namespace tally {
 
@@ -16,18 +23,68 @@ Secret::~Secret() {
   if (!bytes_.empty()) OPENSSL_cleanse(bytes_.data(), bytes_.size());
 }
 
+namespace {
+
+// Whether this process is in group `gid` (its own or a supplementary one).
+bool in_group(gid_t gid) {
+  if (gid == getegid()) return true;
+  const int n = getgroups(0, nullptr);
+  if (n <= 0) return false;
+  std::vector<gid_t> groups(static_cast<size_t>(n));
+  const int got = getgroups(n, groups.data());
+  return std::find(groups.begin(), groups.begin() + std::max(got, 0), gid) !=
+         groups.begin() + std::max(got, 0);
+}
+
+// Why a secret may not be read from `file`, if it may not: not a regular
+// file (a device or a pipe could be read for ever), readable by others, or
+// readable by a group this process is not in, as ssh refuses a private key.
+// A group this process is in may read it: Kubernetes mounts a Secret
+// root-owned with the pod's fsGroup, mode 0440.
+std::optional<std::string> unsafe_secret_file(const std::string& file, int fd) {
+  struct stat st {};
+  if (fstat(fd, &st) != 0) return std::string(strerror(errno));
+  if (!S_ISREG(st.st_mode)) return std::string("it is not a regular file");
+  char mode[8];
+  std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+  if (st.st_mode & S_IROTH) {
+    return "every user may read it (mode " + std::string(mode) + "): chmod 600 " + file;
+  }
+  if ((st.st_mode & S_IRGRP) && !in_group(st.st_gid)) {
+    return "group " + std::to_string(st.st_gid) +
+           ", which this process is not in, may read it (mode " + mode + "): chmod 600 " + file;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 Result<Secret> load_secret(const std::string& file, const char* env_var, std::string_view what) {
   std::string bytes;
   std::string source;
   if (!file.empty()) {
-    std::ifstream in(file, std::ios::binary);
-    if (!in) {
-      return Status(ErrorCode::kInvalidArgument,
-                    "cannot read the " + std::string(what) + " file " + file);
+    const int fd = open(file.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) {
+      return Status(ErrorCode::kInvalidArgument, "cannot read the " + std::string(what) + " file " +
+                                                     file + ": " + strerror(errno));
     }
-    std::ostringstream all;
-    all << in.rdbuf();
-    bytes = all.str();
+    if (auto why = unsafe_secret_file(file, fd)) {
+      close(fd);
+      return Status(ErrorCode::kInvalidArgument,
+                    "refusing the " + std::string(what) + " file " + file + ": " + *why);
+    }
+    // Read at most one byte past the longest secret: a file that long is
+    // refused, whatever its size.
+    bytes.resize(kMaxSecretBytes + 2);
+    size_t got = 0;
+    while (got < bytes.size()) {
+      const ssize_t n = read(fd, bytes.data() + got, bytes.size() - got);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      got += static_cast<size_t>(n);
+    }
+    close(fd);
+    bytes.resize(got);
     if (!bytes.empty() && bytes.back() == '\n') bytes.pop_back();
     if (!bytes.empty() && bytes.back() == '\r') bytes.pop_back();
     source = "the file " + file;
@@ -36,6 +93,13 @@ Result<Secret> load_secret(const std::string& file, const char* env_var, std::st
     source = std::string(env_var);
   } else {
     return Secret();
+  }
+  if (bytes.size() > kMaxSecretBytes) {
+    OPENSSL_cleanse(bytes.data(), bytes.size());
+    return Status(ErrorCode::kInvalidArgument,
+                  "the " + std::string(what) + " from " + source + " is longer than " +
+                      std::to_string(kMaxSecretBytes) +
+                      " bytes: it should hold one secret (e.g. `openssl rand -hex 32`)");
   }
   if (bytes.size() < kMinSecretBytes) {
     OPENSSL_cleanse(bytes.data(), bytes.size());

@@ -23,6 +23,7 @@
 #include "tally/protocol/chunking.h"
 #include "tally/protocol/connection_factory.h"
 #include "tally/protocol/control.h"
+#include "tally/protocol/log_limiter.h"
 #include "tally/protocol/version.h"
 #include "tally/reducer/job_table.h"
 #include "tally/reducer/replica_session.h"
@@ -116,8 +117,7 @@ class InboundStream final : public FrameHandler,
     if (session_) return session_->on_control(message);
     if (message.has_goodbye()) return;  // it leaves before joining anything
     if (message.has_error()) {
-      spdlog::warn("worker {} reports: {}", conn_->peer(),
-                   status_from_error(message.error()).to_string());
+      warn_worker_reports(conn_->peer(), status_from_error(message.error()));
       return;
     }
     reject_stream(conn_, Status(ErrorCode::kProtocol,
@@ -131,9 +131,8 @@ class InboundStream final : public FrameHandler,
     paused_ = false;
     if (session_) {
       session_->on_closed(why);
-    } else if (why.code() != ErrorCode::kCancelled) {
-      spdlog::warn("connection from {} closed before joining a job: {}", conn_->peer(),
-                   why.to_string());
+    } else {
+      warn_closed_before_joining(conn_->peer(), why);
     }
     closed_(shared_from_this());
   }
@@ -171,8 +170,7 @@ struct Reducer::Impl : std::enable_shared_from_this<Reducer::Impl> {
   std::mutex mu;  // the streams; taken on accept, close and stop only
   std::unordered_set<std::shared_ptr<InboundStream>> streams;
   // Connections refused at the --max-connections limit, logged once per 10 s.
-  uint64_t refused_unlogged = 0;
-  std::chrono::steady_clock::time_point last_refusal_logged{};
+  LogLimiter refusals_logged{LogLimiter::kEvery, 1};
   bool stopping = false;
 
   void on_accept(asio::ip::tcp::socket socket);
@@ -189,13 +187,9 @@ void Reducer::Impl::on_accept(asio::ip::tcp::socket socket) {
     if (streams.size() >= options.max_connections) {
       boost::system::error_code ignored;
       socket.close(ignored);
-      const auto now = std::chrono::steady_clock::now();
-      ++refused_unlogged;
-      if (now - last_refusal_logged >= std::chrono::seconds(10)) {
+      if (auto unlogged = refusals_logged.allow()) {
         spdlog::warn("refused {} connection(s): {} streams open, the --max-connections limit",
-                     refused_unlogged, streams.size());
-        refused_unlogged = 0;
-        last_refusal_logged = now;
+                     *unlogged + 1, streams.size());
       }
       return;
     }

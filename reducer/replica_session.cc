@@ -205,9 +205,7 @@ void ReplicaSession::on_closed(const Status& why) {
   jobs_.clear();
   partial_job_.reset();
   if (!group_) {
-    if (why.code() != ErrorCode::kCancelled) {
-      spdlog::warn("connection from {} closed before joining a job: {}", peer_, why.to_string());
-    }
+    warn_closed_before_joining(peer_, why);
     return;
   }
   const bool expected =

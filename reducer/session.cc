@@ -5,6 +5,7 @@
 #include "tally.pb.h"
 #include "tally/protocol/auth.h"
 #include "tally/protocol/control.h"
+#include "tally/protocol/log_limiter.h"
 
 namespace tally {
 
@@ -17,9 +18,37 @@ void close_with_error(const std::shared_ptr<Connection>& conn, const Status& why
   });
 }
 
+namespace {
+
+// " (and N more since the last such line)" where some went unlogged.
+std::string unlogged_note(uint64_t unlogged) {
+  return unlogged ? " (and " + std::to_string(unlogged) + " more since the last such line)" : "";
+}
+
+}  // namespace
+
 void reject_stream(const std::shared_ptr<Connection>& conn, const Status& why) {
-  spdlog::warn("rejecting {}: {}", conn->peer(), why.to_string());
+  static LogLimiter limiter;
+  if (auto unlogged = limiter.allow()) {
+    spdlog::warn("rejecting {}: {}{}", conn->peer(), why.to_string(), unlogged_note(*unlogged));
+  }
   close_with_error(conn, why);
+}
+
+void warn_worker_reports(const std::string& peer, const Status& reported) {
+  static LogLimiter limiter;
+  if (auto unlogged = limiter.allow()) {
+    spdlog::warn("worker {} reports: {}{}", peer, reported.to_string(), unlogged_note(*unlogged));
+  }
+}
+
+void warn_closed_before_joining(const std::string& peer, const Status& why) {
+  if (why.code() == ErrorCode::kCancelled) return;
+  static LogLimiter limiter;
+  if (auto unlogged = limiter.allow()) {
+    spdlog::warn("connection from {} closed before joining a job: {}{}", peer, why.to_string(),
+                 unlogged_note(*unlogged));
+  }
 }
 
 std::string challenge(const std::shared_ptr<Connection>& conn, const SessionContext& context,

@@ -106,7 +106,7 @@ void WorkerSession::on_control(const wire::Control& message) {
     return;
   }
   if (message.has_error()) {
-    spdlog::warn("worker {} reports: {}", peer_, status_from_error(message.error()).to_string());
+    warn_worker_reports(peer_, status_from_error(message.error()));
     return;
   }
   reject_stream(conn_,
@@ -129,8 +129,8 @@ void WorkerSession::on_closed(const Status& why) {
     context_->jobs->leave(job_, this,
                           said_goodbye_ ? Status(ErrorCode::kCancelled, goodbye_reason_) : why,
                           said_goodbye_ ? Departure::kGoodbye : Departure::kLost);
-  } else if (why.code() != ErrorCode::kCancelled) {
-    spdlog::warn("connection from {} closed before joining a job: {}", peer_, why.to_string());
+  } else {
+    warn_closed_before_joining(peer_, why);
   }
 }
 

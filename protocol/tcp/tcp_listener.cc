@@ -11,6 +11,7 @@
 #include <memory>
 #include <vector>
 
+#include "tally/protocol/log_limiter.h"
 #include "tally/protocol/tcp_transport.h"
 
 namespace tally {
@@ -33,13 +34,11 @@ struct TcpListener::Impl : std::enable_shared_from_this<TcpListener::Impl> {
   // to kMaxAcceptBackoff), not at once, which would spin a core and flood
   // the log until descriptors free up.
   std::chrono::milliseconds backoff{0};
-  // Failed accepts since the last warning; one warning per kAcceptWarnEvery.
-  uint64_t failures_unlogged = 0;
-  std::chrono::steady_clock::time_point last_warning{};
+  // One warning per LogLimiter::kEvery, with the failures since the last.
+  LogLimiter warnings{LogLimiter::kEvery, 1};
 
   static constexpr std::chrono::milliseconds kMinAcceptBackoff{10};
   static constexpr std::chrono::milliseconds kMaxAcceptBackoff{1000};
-  static constexpr std::chrono::seconds kAcceptWarnEvery{10};
 
   static bool resource_exhausted(const boost::system::error_code& ec) {
     return ec == asio::error::no_descriptors || ec == asio::error::no_buffer_space ||
@@ -47,16 +46,10 @@ struct TcpListener::Impl : std::enable_shared_from_this<TcpListener::Impl> {
   }
 
   void warn_rate_limited(const boost::system::error_code& ec) {
-    ++failures_unlogged;
-    const auto now = std::chrono::steady_clock::now();
-    if (last_warning != std::chrono::steady_clock::time_point{} &&
-        now - last_warning < kAcceptWarnEvery) {
-      return;
+    if (auto unlogged = warnings.allow()) {
+      spdlog::warn("accept failed: {} ({} time(s) since the last warning; retrying in {} ms)",
+                   ec.message(), *unlogged + 1, backoff.count());
     }
-    spdlog::warn("accept failed: {} ({} time(s) since the last warning; retrying in {} ms)",
-                 ec.message(), failures_unlogged, backoff.count());
-    failures_unlogged = 0;
-    last_warning = now;
   }
 
   void accept() {

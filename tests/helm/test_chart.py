@@ -284,6 +284,8 @@ def test_pod_command_starts_a_pool_that_gets_ready(helm, values, tmp_path):
     auth.mkdir()
     (auth / "job-secret").write_text("job-" + "j" * 32)
     (auth / "pool-secret").write_text("pool-" + "p" * 32)
+    for name in ("job-secret", "pool-secret"):  # the chart's defaultMode, our own group
+        os.chmod(auth / name, 0o440)
     script = script.replace("/etc/tally/auth/", f"{auth}/")
     bindir = tmp_path / "bin"
     bindir.mkdir()

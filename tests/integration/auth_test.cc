@@ -3,6 +3,7 @@
 // loopback. Each finding of issue 12's "no authentication" and "replica
 // impersonation" is tried here and shown refused.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <chrono>
 #include <fstream>
@@ -25,6 +26,7 @@ constexpr const char* kOtherSecret = "0000111122223333444455556666777788";
 std::string write_secret(const TempDir& dir, const std::string& name, const std::string& secret) {
   const std::string path = dir.path() + "/" + name;
   std::ofstream(path) << secret << "\n";
+  chmod(path.c_str(), 0600);  // a secret file others may read is refused
   return path;
 }
 

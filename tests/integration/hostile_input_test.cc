@@ -25,6 +25,7 @@
 #include "raw_peer.h"
 #include "tally.pb.h"
 #include "tally/protocol/frame.h"
+#include "tally/protocol/log_limiter.h"
 #include "tally/protocol/tcp_transport.h"
 
 namespace tally::testing {
@@ -388,6 +389,45 @@ TEST(Fault, ControlRepliesToPeersThatDoNotReadAreBounded) {
   EXPECT_TRUE(contains(cluster.reducer_log(0), "does not read")) << cluster.reducer_log(0);
   expect_allreduce_works(cluster, 2, "after-flood");
   expect_peak_rss_within_overhead(cluster, 0, kPeers + 2);
+}
+
+}  // namespace
+}  // namespace tally::testing
+
+namespace tally::testing {
+namespace {
+
+// A flood of garbage connections (closed before their hello) and of
+// refused hellos (another protocol version) costs at most a burst of log
+// lines per kind and 10 s, not a line per connection (LogLimiter); the
+// next line says how many went unlogged.
+TEST(Fault, AFloodOfRefusedConnectionsCostsAFewLogLines) {
+  PoolSpec spec;
+  TestCluster cluster(spec);
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  const std::string address = cluster.addresses()[0];
+  constexpr int kFlood = 150;
+  const std::string junk(64, 'A');
+  for (int i = 0; i < kFlood; ++i) {
+    RawPeer garbage(address);
+    garbage.send(junk.data(), junk.size());
+    ASSERT_TRUE(garbage.closed_within(5s)) << i;
+    RawPeer refused(address);
+    refused.send_control(raw_hello(unique_job("flood"), 0, 1, kProtocolVersion + 1));
+    ASSERT_TRUE(refused.closed_within(5s)) << i;
+  }
+  const std::string log = cluster.reducer_log(0);
+  auto count = [&](const std::string& what) {
+    size_t n = 0;
+    for (size_t at = log.find(what); at != std::string::npos; at = log.find(what, at + 1)) ++n;
+    return n;
+  };
+  // Within one 10 s interval (the flood takes about one), or across two.
+  const size_t most = 2 * LogLimiter::kBurst;
+  EXPECT_GE(count("closed before joining a job"), 1u) << log;
+  EXPECT_LE(count("closed before joining a job"), most) << log;
+  EXPECT_GE(count("rejecting "), 1u) << log;
+  EXPECT_LE(count("rejecting "), most) << log;
 }
 
 }  // namespace

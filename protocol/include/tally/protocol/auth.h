@@ -19,6 +19,9 @@ inline constexpr size_t kAuthMacBytes = 32;
 // A secret shorter than this is refused: it could be guessed offline from
 // one recorded exchange.
 inline constexpr size_t kMinSecretBytes = 16;
+// A secret file or variable longer than this is refused (a file is read no
+// further).
+inline constexpr size_t kMaxSecretBytes = 4096;
 
 // What a MAC proves: who computes it over what.
 enum class AuthRole {
@@ -47,7 +50,9 @@ class Secret {
 // The secret from `file` (its contents less one trailing newline) if not
 // empty, else from the environment variable `env_var` if set. `what` names
 // the secret in errors ("job secret"). Errors: kInvalidArgument (unreadable
-// file, shorter than kMinSecretBytes); an empty Secret when neither is set.
+// file; not a regular file; readable by others, or by a group this process
+// is not in; shorter than kMinSecretBytes or longer than kMaxSecretBytes);
+// an empty Secret when neither is set.
 Result<Secret> load_secret(const std::string& file, const char* env_var, std::string_view what);
 
 // kAuthNonceBytes from the OS's random source (RAND_bytes).

@@ -32,8 +32,15 @@ struct SessionContext {
 // Sends `why` as a fatal Error, then closes `conn` once that is written, so
 // the peer reads why. On the connection's executor.
 void close_with_error(const std::shared_ptr<Connection>& conn, const Status& why);
-// Logs the refusal, then close_with_error.
+// Logs the refusal (at most once per 10 s, with how many went unlogged:
+// LogLimiter), then close_with_error.
 void reject_stream(const std::shared_ptr<Connection>& conn, const Status& why);
+// Warns of an Error a worker's stream sent (a worker's own failure, or a
+// stranger's noise), at most once per 10 s with how many went unlogged.
+void warn_worker_reports(const std::string& peer, const Status& reported);
+// Warns that a stream closed before its hello joined a job (not when it was
+// cancelled), at most once per 10 s with how many went unlogged.
+void warn_closed_before_joining(const std::string& peer, const Status& why);
 
 // Challenges a hello that asked to authenticate: sends an AuthChallenge
 // with a fresh nonce (returned) and arms `timer` so that the stream is
