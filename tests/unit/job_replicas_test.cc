@@ -1,0 +1,308 @@
+// Job with replica groups: Jobs of three groups combining their partials
+// through an in-process queue whose delivery order the test controls,
+// failures forwarded, replayed results sent as finals, new rounds, and the
+// quota the partials take.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+#include <numeric>
+#include <vector>
+
+#include "job_test_support.h"
+#include "tally.pb.h"
+#include "tally/reducer/job.h"
+
+namespace tally {
+namespace {
+
+using job_testing::RecordingMember;
+
+// ---------------------------------------------------------------------------
+// Replica groups: three Jobs, one per group, joined by an in-process mesh
+// that queues every partial until the test delivers it, so the order of
+// arrival (partials before any local contribution, a replica far ahead) is
+// chosen here rather than by threads.
+
+namespace groups {
+
+struct QueuedPartial {
+  uint32_t from, to;
+  FrameHeader header;
+  std::shared_ptr<Slab> slab;
+  size_t offset;
+  ReplicaMesh::SendDone done;
+};
+
+class QueueMesh : public ReplicaMesh {
+ public:
+  QueueMesh(std::vector<QueuedPartial>& wire, uint32_t self) : wire_(wire), self_(self) {}
+  void send_partial(uint32_t group, const FrameHeader& header, std::shared_ptr<Slab> slab,
+                    size_t byte_offset, std::chrono::steady_clock::time_point,
+                    std::function<bool()>, SendDone done) override {
+    std::lock_guard lock(mu_);
+    wire_.push_back({self_, group, header, std::move(slab), byte_offset, std::move(done)});
+  }
+  void send_control(uint32_t group, std::shared_ptr<const wire::Control> message) override {
+    std::lock_guard lock(mu_);
+    controls.emplace_back(group, *message);
+  }
+  std::optional<Status> lost(uint32_t) const override { return std::nullopt; }
+  std::string describe(uint32_t group) const override {
+    return "replica group " + std::to_string(group);
+  }
+
+  std::vector<std::pair<uint32_t, wire::Control>> controls;
+
+ private:
+  std::mutex mu_;
+  std::vector<QueuedPartial>& wire_;
+  uint32_t self_;
+};
+
+// World 5 in groups {0,1}, {2,3}, {4}; one chunk of `count` floats.
+struct Pool {
+  explicit Pool(size_t count) : count(count) {
+    slabs = *SlabPool::create(4096, 64);
+    for (uint32_t g = 0; g < 3; ++g) {
+      JobSettings settings;
+      settings.name = "groups-job";
+      settings.world_size = 5;
+      settings.group = g;
+      settings.group_sizes = {2, 2, 1};
+      settings.op_timeout = std::chrono::milliseconds(1000);
+      meshes.push_back(std::make_shared<QueueMesh>(wire, g));
+      jobs.push_back(std::make_shared<Job>(
+          settings, *SlabQuota::reserve(slabs, Job::quota_slabs(1, 3)), counters, meshes.back()));
+    }
+    for (uint32_t r = 0; r < 5; ++r) {
+      members.push_back(std::make_shared<RecordingMember>(r));
+      EXPECT_TRUE(jobs[group_of(r)]->join(members.back()).is_ok());
+    }
+  }
+  static uint32_t group_of(uint32_t r) { return r < 2 ? 0 : r < 4 ? 1 : 2; }
+
+  // Rank r's frame of the op's one chunk.
+  FrameHeader header(uint32_t r, FrameKind kind = FrameKind::kContribution) const {
+    FrameHeader h;
+    h.kind = kind;
+    h.dtype = DType::kFloat32;
+    h.rank = r;
+    h.job = job_id("groups-job");
+    h.count = count;
+    h.chunks_on_shard = 1;
+    h.length = count * 4;
+    return h;
+  }
+
+  // Rank r contributes 1/(r + 3 + i) (not exact in binary: order matters).
+  void contribute(uint32_t r) {
+    const FrameHeader h = header(r);
+    PendingContribution p;
+    auto action = jobs[group_of(r)]->on_contribution_header(members[r], h, p);
+    ASSERT_EQ(action.kind, PayloadAction::Kind::kReceive);
+    auto* f = reinterpret_cast<float*>(action.dst.data());
+    for (size_t i = 0; i < count; ++i) f[i] = 1.0f / static_cast<float>(r + 3 + i);
+    jobs[group_of(r)]->on_contribution_payload(h, p);
+  }
+
+  // Rank r replays a result of the chunk: `value(i)` at element i.
+  void replay(uint32_t r, const std::function<float(size_t)>& value) {
+    const FrameHeader h = header(r, FrameKind::kReplay);
+    PendingContribution p;
+    auto action = jobs[group_of(r)]->on_contribution_header(members[r], h, p);
+    // A second replay of a chunk whose result is known is counted unread.
+    if (action.kind == PayloadAction::Kind::kDiscard) return;
+    ASSERT_EQ(action.kind, PayloadAction::Kind::kReceive);
+    auto* f = reinterpret_cast<float*>(action.dst.data());
+    for (size_t i = 0; i < count; ++i) f[i] = value(i);
+    jobs[group_of(r)]->on_contribution_payload(h, p);
+  }
+
+  // Delivers the oldest queued partial; false when none is queued. A
+  // partial its receiver does not take is dropped (counted in `discarded`).
+  bool deliver_one() {
+    if (wire.empty()) return false;
+    QueuedPartial q = std::move(wire.front());
+    wire.erase(wire.begin());
+    PendingPartial pending;
+    auto action = jobs[q.to]->on_partial_header(q.from, q.header, pending, [] {});
+    if (action.kind == PayloadAction::Kind::kReceive) {
+      std::memcpy(action.dst.data(), q.slab->data() + q.offset, q.header.length);
+      jobs[q.to]->on_partial_payload(q.header, pending);
+    } else {
+      EXPECT_EQ(action.kind, PayloadAction::Kind::kDiscard);
+      ++discarded;
+    }
+    q.done(Status::ok());
+    return true;
+  }
+
+  size_t count;
+  std::shared_ptr<SlabPool> slabs;
+  ReducerCounters counters;
+  std::vector<QueuedPartial> wire;
+  std::vector<std::shared_ptr<QueueMesh>> meshes;
+  std::vector<std::shared_ptr<Job>> jobs;
+  std::vector<std::shared_ptr<RecordingMember>> members;
+  size_t discarded = 0;
+};
+
+void expect_same_result_everywhere(Pool& pool) {
+  ASSERT_EQ(pool.members[0]->results.size(), 1u);
+  const auto& reference = pool.members[0]->results[0].values;
+  for (size_t i = 0; i < pool.count; ++i) {
+    double exact = 0;
+    for (uint32_t r = 0; r < 5; ++r) exact += 1.0f / static_cast<float>(r + 3 + i);
+    EXPECT_NEAR(reference[i], exact, 1e-5) << "element " << i;
+  }
+  for (auto& m : pool.members) {
+    ASSERT_EQ(m->results.size(), 1u) << "rank " << m->rank();
+    EXPECT_EQ(std::memcmp(m->results[0].values.data(), reference.data(), pool.count * 4), 0)
+        << "rank " << m->rank();
+  }
+}
+
+TEST(ReplicaGroups, ReplicasCombineTheirPartialsAndAgreeBitwise) {
+  for (size_t count : {1u, 2u, 3u, 100u, 1000u}) {
+    Pool pool(count);
+    for (uint32_t r = 0; r < 5; ++r) pool.contribute(r);
+    while (pool.deliver_one()) {
+    }
+    expect_same_result_everywhere(pool);
+  }
+}
+
+TEST(ReplicaGroups, PartialsBeforeAnyLocalContributionWaitForIt) {
+  Pool pool(100);
+  // Groups 1 and 2 finish their sums and exchange everything they can while
+  // group 0 has nothing yet: group 2's fold-in reaches group 0 early.
+  for (uint32_t r : {2u, 3u, 4u}) pool.contribute(r);
+  while (pool.deliver_one()) {
+  }
+  EXPECT_TRUE(pool.members[2]->results.empty());
+  pool.contribute(1);
+  pool.contribute(0);
+  while (pool.deliver_one()) {
+  }
+  expect_same_result_everywhere(pool);
+}
+
+TEST(ReplicaGroups, OpFailureIsForwardedToTheOtherReplicas) {
+  Pool pool(100);
+  pool.contribute(0);
+  // Rank 1 is lost before contributing: group 0 fails the op and tells groups 1 and 2.
+  pool.jobs[0]->leave(pool.members[1].get(), Status(ErrorCode::kPeerLost, "killed"),
+                      Departure::kLost);
+  size_t forwarded = 0;
+  for (auto& [group, message] : pool.meshes[0]->controls) {
+    ASSERT_TRUE(message.has_replica_error());
+    EXPECT_TRUE(message.replica_error().error().has_op());
+    EXPECT_NE(message.replica_error().error().message().find("rank 1"), std::string::npos);
+    pool.jobs[group]->on_replica_error(message.replica_error().error());
+    ++forwarded;
+  }
+  EXPECT_EQ(forwarded, 2u);
+  // Ranks of the other groups are told about the op, and their late
+  // contributions get the same error instead of being summed.
+  for (uint32_t r : {2u, 4u}) {
+    ASSERT_FALSE(pool.members[r]->errors.empty()) << "rank " << r;
+    EXPECT_NE(pool.members[r]->errors[0].error().message().find("rank 1"), std::string::npos);
+  }
+  PendingContribution p;
+  EXPECT_EQ(pool.jobs[2]->on_contribution_header(pool.members[4], pool.header(4), p).kind,
+            PayloadAction::Kind::kDiscard);
+}
+
+// After a restart (docs/protocol.md, "Resuming with replica groups"): the
+// ranks of group 0 replay a result they had, the other groups' ranks send
+// their inputs again. Group 0 sends the result to the other replicas as a
+// final, which stands for the butterfly there: every rank of every group
+// gets exactly the replayed bytes, not a new sum of the inputs.
+TEST(ReplicaGroups, AReplayedResultReachesTheOtherGroupsAsTheFinal) {
+  Pool pool(100);
+  auto replayed = [](size_t i) { return 7.0f + static_cast<float>(i) / 3.0f; };
+  pool.replay(0, replayed);
+  pool.replay(1, replayed);
+  for (uint32_t r : {2u, 3u, 4u}) pool.contribute(r);
+  size_t finals = 0;
+  for (auto& q : pool.wire) finals += (q.header.flags & kFrameFlagFinal) != 0;
+  EXPECT_EQ(finals, 2u);  // to groups 1 and 2
+  while (pool.deliver_one()) {
+  }
+  for (auto& m : pool.members) {
+    ASSERT_EQ(m->results.size(), 1u) << "rank " << m->rank();
+    for (size_t i = 0; i < pool.count; ++i) {
+      ASSERT_EQ(m->results[0].values[i], replayed(i)) << "rank " << m->rank() << " element " << i;
+    }
+  }
+  // The other groups' butterfly partials, sent before their final came,
+  // found group 0's chunk finished and were dropped.
+  EXPECT_GT(pool.discarded, 0u);
+}
+
+// A replica that is back after a loss starts a new round: each replica
+// drops what it had summed and asks its workers to rejoin, a partial of the
+// earlier round is dropped, and the ranks' second contributions on their
+// new streams make one sum again.
+TEST(ReplicaGroups, ANewRoundDropsTheOpsInFlightAndAsksEveryWorkerToRejoin) {
+  Pool pool(100);
+  for (uint32_t r : {0u, 1u, 2u, 3u}) pool.contribute(r);
+  // Group 0 and 1's partials of round 0 are queued; group 2 was lost before
+  // it sent anything and is back: group 0 starts round 1.
+  std::vector<QueuedPartial> round0 = std::move(pool.wire);
+  pool.wire.clear();
+  pool.jobs[0]->on_replica_back(2);
+  EXPECT_EQ(pool.jobs[0]->round(), 1u);
+  for (uint32_t r : {0u, 1u}) {
+    ASSERT_FALSE(pool.members[r]->errors.empty());
+    const wire::Control& last = pool.members[r]->errors.back();
+    ASSERT_TRUE(last.has_rejoin()) << last.DebugString();
+    EXPECT_NE(last.rejoin().reason().find("replica group 2 is back"), std::string::npos)
+        << last.rejoin().reason();
+  }
+  // It announced round 1 to the others, which start it too.
+  size_t announced = 0;
+  for (auto& [group, message] : pool.meshes[0]->controls) {
+    if (!message.has_replica_job()) continue;
+    EXPECT_EQ(message.replica_job().round(), 1u);
+    pool.jobs[group]->on_replica_round(0, 1, std::nullopt);
+    ++announced;
+  }
+  EXPECT_EQ(announced, 2u);
+  for (uint32_t g : {1u, 2u}) EXPECT_EQ(pool.jobs[g]->round(), 1u);
+  // Round 0's partials are dropped wherever they arrive.
+  pool.wire = std::move(round0);
+  const size_t stale = pool.wire.size();
+  while (pool.deliver_one()) {
+  }
+  EXPECT_EQ(pool.discarded, stale);
+  // A contribution still arriving on a stream asked to rejoin is dropped.
+  PendingContribution p;
+  EXPECT_EQ(pool.jobs[2]->on_contribution_header(pool.members[4], pool.header(4), p).kind,
+            PayloadAction::Kind::kDiscard);
+  // Every rank rejoins on a new stream and contributes again.
+  for (uint32_t r = 0; r < 5; ++r) {
+    pool.members[r] = std::make_shared<RecordingMember>(r);
+    ASSERT_TRUE(pool.jobs[Pool::group_of(r)]->join(pool.members[r]).is_ok());
+  }
+  for (uint32_t r = 0; r < 5; ++r) pool.contribute(r);
+  pool.discarded = 0;
+  while (pool.deliver_one()) {
+  }
+  EXPECT_EQ(pool.discarded, 0u);
+  expect_same_result_everywhere(pool);
+}
+
+TEST(ReplicaGroups, QuotaCoversThePartials) {
+  EXPECT_EQ(Job::quota_slabs(8, 1), 10u);
+  EXPECT_EQ(Job::quota_slabs(8, 2), 42u);
+  EXPECT_EQ(Job::quota_slabs(8, 3), 58u);
+  EXPECT_EQ(Job::quota_slabs(1, 3), 9u);
+}
+
+}  // namespace groups
+
+}  // namespace
+}  // namespace tally
