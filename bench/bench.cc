@@ -431,10 +431,6 @@ int main(int argc, char** argv) {
     // The local pool runs as a pool should: jobs authenticate with a job
     // secret made for this run (the handshake is timed outside the sweep).
     secret_file = scratch.path() + "/job.secret";
-    if (Status st = write_job_secret(secret_file); !st) {
-      spdlog::error("{}", st.to_string());
-      return 2;
-    }
     LocalPoolOptions lo;
     lo.shards = reducers;
     lo.groups = groups;
@@ -450,9 +446,11 @@ int main(int argc, char** argv) {
     lo.extra_args = {"--io-threads",      std::to_string(io_threads),
                      "--memory-budget",   std::to_string(budget),
                      "--log-level",       log_level,
-                     "--max-chunk-bytes", std::to_string(max_chunk),
-                     "--job-secret-file", secret_file,
-                     "--require-auth"};
+                     "--max-chunk-bytes", std::to_string(max_chunk)};
+    if (Status st = lo.require_secret(secret_file); !st) {
+      spdlog::error("{}", st.to_string());
+      return 2;
+    }
     if (!tcp_congestion.empty()) {
       lo.extra_args.insert(lo.extra_args.end(), {"--tcp-congestion", tcp_congestion});
     }

@@ -75,15 +75,15 @@ int run_launch(const LaunchOptions& o) {
     lab = std::move(*made);
   }
   const std::string secret = dir + "/job.secret";
-  if (Status st = write_job_secret(secret); !st) {
-    spdlog::error("{}", st.to_string());
-    return 1;
-  }
   LocalPoolOptions lo;
   lo.shards = o.shards;
   lo.groups = o.groups;
   lo.log_dir = dir;
-  lo.extra_args = {"--log-level", o.log_level, "--job-secret-file", secret, "--require-auth"};
+  lo.extra_args = {"--log-level", o.log_level};
+  if (Status st = lo.require_secret(secret); !st) {
+    spdlog::error("{}", st.to_string());
+    return 1;
+  }
   if (!o.link_rate.empty()) lo.extra_args.insert(lo.extra_args.end(), {"--link-rate", o.link_rate});
   if (lab) lo.place_in(*lab, o.workers);  // reducer i on host W + i
   auto pool = LocalPool::start(lo);

@@ -238,16 +238,15 @@ int run_load(const LoadOptions& o) {
   std::string secret_file = o.secret_file;
   if (pool.empty()) {
     secret_file = scratch.path() + "/job.secret";
-    if (Status st = write_job_secret(secret_file); !st) {
-      spdlog::error("{}", st.to_string());
-      return 1;
-    }
     LocalPoolOptions lo;
     lo.shards = o.shards;
     lo.groups = o.groups;
     lo.log_dir = scratch.path();
-    lo.extra_args = {"--log-level", o.log_level, "--job-secret-file", secret_file,
-                     "--require-auth"};
+    lo.extra_args = {"--log-level", o.log_level};
+    if (Status st = lo.require_secret(secret_file); !st) {
+      spdlog::error("{}", st.to_string());
+      return 1;
+    }
     if (lab) lo.place_in(*lab, worker_hosts);
     auto started = LocalPool::start(lo);
     if (!started) {

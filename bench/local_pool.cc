@@ -16,22 +16,6 @@ namespace tally::bench {
 
 namespace fs = std::filesystem;
 
-Status write_job_secret(const std::string& path) {
-  std::string hex;
-  for (unsigned char c : make_nonce()) {
-    static const char* digits = "0123456789abcdef";
-    hex += digits[c >> 4];
-    hex += digits[c & 15];
-  }
-  std::ofstream out(path);
-  out << hex << "\n";
-  out.close();
-  if (!out || chmod(path.c_str(), 0600) != 0) {
-    return Status(ErrorCode::kUnavailable, "cannot write the job secret " + path);
-  }
-  return Status::ok();
-}
-
 std::string find_reducer_binary() {
   if (const char* env = std::getenv("TALLY_REDUCER"); env && *env) return env;
   const std::string dir = self_dir();
@@ -117,6 +101,23 @@ Result<std::unique_ptr<LocalPool>> LocalPool::start(const LocalPoolOptions& opti
     std::rename(tmp.c_str(), pool_file.c_str());
   }
   return pool;
+}
+
+Status LocalPoolOptions::require_secret(const std::string& path) {
+  std::string hex;
+  for (unsigned char c : make_nonce()) {
+    static const char* digits = "0123456789abcdef";
+    hex += digits[c >> 4];
+    hex += digits[c & 15];
+  }
+  std::ofstream out(path);
+  out << hex << "\n";
+  out.close();
+  if (!out || chmod(path.c_str(), 0600) != 0) {
+    return Status(ErrorCode::kUnavailable, "cannot write the job secret " + path);
+  }
+  extra_args.insert(extra_args.end(), {"--job-secret-file", path, "--require-auth"});
+  return Status::ok();
 }
 
 void LocalPoolOptions::place_in(const Netlab& lab, uint32_t first_host) {

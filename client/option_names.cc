@@ -17,6 +17,9 @@
 namespace tally {
 namespace {
 
+constexpr uint64_t kU32 = std::numeric_limits<uint32_t>::max();
+constexpr uint64_t kU64 = std::numeric_limits<uint64_t>::max();
+
 Status bad(std::string_view name, std::string_view value, std::string_view what) {
   return Status(ErrorCode::kInvalidArgument,
                 std::string(name) + "='" + std::string(value) + "' " + std::string(what));
@@ -47,15 +50,8 @@ Result<uint64_t> parse_bytes(std::string_view name, std::string_view text) {
   if (!error.empty()) {
     return bad(name, text, "is not a byte count (a number, or with a suffix: 64k, 4MiB, 1G)");
   }
-  return parse_number(name, converted, std::numeric_limits<uint64_t>::max());
+  return parse_number(name, converted, kU64);
 }
-
-constexpr uint64_t kU32 = std::numeric_limits<uint32_t>::max();
-constexpr uint64_t kU64 = std::numeric_limits<uint64_t>::max();
-
-}  // namespace
-
-namespace {
 
 // How one option's value is parsed into ClientOptions; `name` is for errors.
 using Setter = Status (*)(ClientOptions& o, std::string_view name, std::string_view value);

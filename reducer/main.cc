@@ -31,11 +31,7 @@ constexpr auto kStatsInterval = std::chrono::milliseconds(100);
 void write_stats(const std::string& path, const tally::Reducer& reducer,
                  const tally::ReducerIdentity& identity) {
   const std::string tmp = path + ".tmp";
-  auto families =
-      tally::reducer_metric_families(reducer.stats(), identity, reducer.readiness().is_ok());
-  auto process = tally::process_metric_families(tally::read_process_stats());
-  families.insert(families.end(), process.begin(), process.end());
-  std::ofstream(tmp) << tally::metrics_text(families);
+  std::ofstream(tmp) << tally::metrics_text(tally::live_metric_families(reducer, identity));
   std::rename(tmp.c_str(), path.c_str());
 }
 

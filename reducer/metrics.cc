@@ -228,11 +228,17 @@ ReducerMetrics::ReducerMetrics(const Reducer& reducer, ReducerIdentity identity)
                      .Register(*http_registry_)
                      .Add({})) {}
 
-std::vector<MetricFamily> ReducerMetrics::Collect() const {
-  auto out = reducer_metric_families(reducer_.stats(), identity_, reducer_.readiness().is_ok());
+std::vector<MetricFamily> live_metric_families(const Reducer& reducer,
+                                               const ReducerIdentity& identity) {
+  auto out = reducer_metric_families(reducer.stats(), identity, reducer.readiness().is_ok());
   auto process = process_metric_families(read_process_stats());
   out.insert(out.end(), std::make_move_iterator(process.begin()),
              std::make_move_iterator(process.end()));
+  return out;
+}
+
+std::vector<MetricFamily> ReducerMetrics::Collect() const {
+  auto out = live_metric_families(reducer_, identity_);
   auto http = http_registry_->Collect();
   out.insert(out.end(), std::make_move_iterator(http.begin()), std::make_move_iterator(http.end()));
   return out;

@@ -35,6 +35,10 @@ struct LocalPoolOptions {
   // Reducer i on `lab`'s host first_host + i, listening (and serving HTTP)
   // there; `lab` must outlive the pool.
   void place_in(const Netlab& lab, uint32_t first_host);
+  // Writes a fresh random job secret (hex, mode 0600) to `path` and makes
+  // every reducer require it (--job-secret-file, --require-auth): a local
+  // pool runs as a pool should. Its workers take `path` as TALLY_SECRET_FILE.
+  Status require_secret(const std::string& path);
 };
 
 class LocalPool {
@@ -82,10 +86,6 @@ class LocalPool {
   std::vector<std::string> addresses_;
   std::vector<std::string> http_addresses_;
 };
-
-// Writes a fresh random job secret (hex, mode 0600) to `path`, for a local
-// pool's --job-secret-file and its workers' TALLY_SECRET_FILE.
-Status write_job_secret(const std::string& path);
 
 // Finds tally-reducer: $TALLY_REDUCER, beside this executable, or the build
 // tree's reducer/ folder next to it.

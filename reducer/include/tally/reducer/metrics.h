@@ -51,6 +51,12 @@ ProcessStats read_process_stats();
 // seconds_total, process_resident_memory_bytes, ...), from `stats` (pure).
 std::vector<prometheus::MetricFamily> process_metric_families(const ProcessStats& stats);
 
+// What a running reducer and its process report now (its families and the
+// process_* ones; not the HTTP server's counters): /metrics and the stats
+// file both serve this.
+std::vector<prometheus::MetricFamily> live_metric_families(const Reducer& reducer,
+                                                           const ReducerIdentity& identity);
+
 // Prometheus text exposition format (version 0.0.4) of `families`.
 std::string metrics_text(const std::vector<prometheus::MetricFamily>& families);
 
