@@ -8,7 +8,6 @@
 
 #include <CLI/CLI.hpp>
 #include <chrono>
-#include <csignal>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -16,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "compare.h"
 #include "tally/bench/local_pool.h"
 #include "tally/bench/netlab.h"
 #include "tally/bench/process.h"
@@ -23,9 +23,6 @@
 
 namespace tally::bench {
 namespace {
-
-volatile int g_launch_stop = 0;
-void on_launch_signal(int) { g_launch_stop = 1; }
 
 // torch's default rendezvous port, where rank 0 has a namespace of its own.
 constexpr int kLabMasterPort = 29500;
@@ -57,8 +54,7 @@ std::string tail_of(const std::string& path, size_t bytes) {
 }  // namespace
 
 int run_launch(const LaunchOptions& o) {
-  std::signal(SIGINT, on_launch_signal);
-  std::signal(SIGTERM, on_launch_signal);
+  stop_on_signals();
   auto scratch = ScratchDir::make("tally-run-");
   if (!scratch) {
     spdlog::error("{}", scratch.status().to_string());
@@ -129,7 +125,7 @@ int run_launch(const LaunchOptions& o) {
     ranks.push_back(std::move(*p));
   }
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(o.timeout_s);
-  const WaitAll w = wait_all(ranks, deadline, &g_launch_stop);
+  const WaitAll w = wait_all(ranks, deadline, &g_stop);
   if (w.stopped) return 130;
   if (w.timed_out) {
     spdlog::error("the ranks did not end within {} s", o.timeout_s);
