@@ -246,13 +246,21 @@ void Client::Impl::maybe_finish(std::shared_ptr<Op> op) {
 
 void Client::Impl::on_op_error(uint64_t op_id, const Status& reported) {
   Status status = reported;
+  // A reducer's op timeout may name a rank or a replica that waits, as this
+  // worker or another replica does, for a lost reducer, which that reducer
+  // cannot know of: the error names the first such loss this worker knows.
   for (auto& link : links) {
-    // A reducer's op timeout may name a rank that is waiting, as this worker
-    // is, for a lost reducer: the error names that reducer too.
     if (const std::optional<Status>& lost = link->lost()) {
       status = Status(status.code(),
                       status.message() +
                           "; at the time this worker was reconnecting after: " + lost->message());
+      break;
+    }
+    const auto& replica = link->replica_lost();
+    if (replica && !replica->replica.empty() &&
+        status.message().find(replica->replica) == std::string::npos) {
+      status = Status(status.code(), status.message() + "; at the time " + link->name() +
+                                         " reported: " + replica->reason);
       break;
     }
   }

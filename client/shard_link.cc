@@ -99,6 +99,10 @@ PayloadAction ShardLink::on_data_header(const FrameHeader& h) {
       Status(ErrorCode::kProtocol, "unexpected " + describe(h) + " from reducer " + conn_->peer()));
 }
 
+std::string ShardLink::name() const {
+  return "reducer " + address_.to_string() + " (shard " + std::to_string(shard_) + ")";
+}
+
 std::string ShardLink::identity() const {
   return auth_identity(client_.options.job, client_.options.rank, client_.options.world_size,
                        client_.group);
@@ -109,11 +113,17 @@ void ShardLink::on_control(const wire::Control& message) {
   if (message.has_released() && settled_ && phase_ == Phase::kLive) {
     return client_.on_released(shard_, message.released().op_below());
   }
+  if (message.has_replica_lost() && settled_ && phase_ == Phase::kLive) {
+    replica_lost_ = ReplicaLost{utf8_prefix(message.replica_lost().replica(), 256),
+                                utf8_prefix(message.replica_lost().reason(), 1024)};
+    return;
+  }
   if (message.has_rejoin() && settled_ && phase_ == Phase::kLive) {
     // Another replica of the shard was lost: the ops in flight start again
     // on every replica, from a new stream (docs/protocol.md, "Resuming with
     // replica groups").
     rejoining_ = true;
+    replica_lost_.reset();
     return conn_->close(
         Status(ErrorCode::kPeerLost,
                "it asked this worker to rejoin: " + utf8_prefix(message.rejoin().reason(), 1024)));
@@ -138,9 +148,7 @@ void ShardLink::on_control(const wire::Control& message) {
   if (message.has_error()) {
     Status status = status_from_error(message.error());
     if (message.error().has_op()) {
-      return client_.on_op_error(
-          message.error().op(), status.with_context("reducer " + address_.to_string() + " (shard " +
-                                                    std::to_string(shard_) + ")"));
+      return client_.on_op_error(message.error().op(), status.with_context(name()));
     }
     fatal_ = status;  // the reducer closes the stream next
     if (!settled_) settle(status.with_context("reducer " + address_.to_string()));
@@ -152,8 +160,7 @@ void ShardLink::on_control(const wire::Control& message) {
 
 void ShardLink::on_closed(const Status& status) {
   Status why = fatal_ ? *fatal_ : status;
-  why = why.with_context("lost reducer " + address_.to_string() + " (shard " +
-                         std::to_string(shard_) + ")");
+  why = why.with_context("lost " + name());
   closed_ = true;
   switch (phase_) {
     case Phase::kJoining:
@@ -354,6 +361,7 @@ void ShardLink::on_welcome(const wire::Welcome& w) {
   window_bytes = w.window_bytes();
   max_chunk_bytes = w.max_chunk_bytes();
   link_rate_bits = w.link_rate_bits();
+  replica_lost_.reset();
   settle(Status::ok());
 }
 

@@ -54,7 +54,16 @@ class ShardLink final : public FrameHandler, public std::enable_shared_from_this
   bool closed() const { return closed_; }
   // While the stream is being reopened: why it was lost.
   const std::optional<Status>& lost() const { return lost_; }
+  // Since this stream's Welcome: what the reducer said of another replica
+  // of its shard that it lost (ReplicaLost), until it asks for a rejoin.
+  struct ReplicaLost {
+    std::string replica;  // "replica (shard S, group G) at host:port"
+    std::string reason;
+  };
+  const std::optional<ReplicaLost>& replica_lost() const { return replica_lost_; }
   uint32_t shard() const { return shard_; }
+  // "reducer <address> (shard N)", as errors name it.
+  std::string name() const;
 
   // From the Welcome: chunks and bytes this stream may have sent without
   // their results (pump keeps within both, but always lets one chunk go).
@@ -110,6 +119,7 @@ class ShardLink final : public FrameHandler, public std::enable_shared_from_this
   bool closing_ = false;  // the client is going away: open nothing new
   std::optional<Status> fatal_;
   bool rejoining_ = false;  // the reducer asked this worker to rejoin (Rejoin)
+  std::optional<ReplicaLost> replica_lost_;
   // With a job secret: this side's nonce (sent in the Hello) and the
   // reducer's (from its AuthChallenge), which its Welcome's proof covers.
   std::string worker_nonce_, reducer_nonce_;

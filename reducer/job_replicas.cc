@@ -268,6 +268,22 @@ void Job::on_replica_left(uint32_t group, const Status& why) {
   }
 }
 
+void Job::on_replica_lost(uint32_t group, const Status& why) {
+  std::vector<std::shared_ptr<JobMember>> members;
+  {
+    std::lock_guard lock(mu_);
+    if (group == settings_.group || lost_ || retired_ ||
+        std::find(participants_.begin(), participants_.end(), group) == participants_.end()) {
+      return;
+    }
+    members = members_locked();
+  }
+  auto notice = std::make_shared<wire::Control>();
+  notice->mutable_replica_lost()->set_replica(mesh_->describe(group));
+  notice->mutable_replica_lost()->set_reason(why.message());
+  for (auto& m : members) m->send_control(notice);
+}
+
 void Job::on_replica_back(uint32_t group) {
   std::lock_guard lock(mu_);
   if (group == settings_.group ||

@@ -203,8 +203,10 @@ void JobTable::on_replica_lost(uint32_t group, const Status& why) {
   if (!jobs) return;  // stopping: every stream is closing anyway
   // Nothing is failed: what is sent to it meanwhile is dropped, and the
   // chunks that need it wait until it is back (on_replica_back) or their
-  // op times out naming it (Job::sweep).
+  // op times out naming it (Job::sweep). The workers hear of it, for the
+  // ops that time out meanwhile on other shards.
   spdlog::warn("{}; the chunks that need it wait for it", why.to_string());
+  for (auto& job : *jobs) job->on_replica_lost(group, why);
 }
 
 void JobTable::on_replica_back(uint32_t group) {

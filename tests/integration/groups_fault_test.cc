@@ -24,8 +24,11 @@ using namespace std::chrono_literals;
 // Killing the reducer of shard 1 in group 2 for good fails every worker of
 // every group within the deadline: group 2's workers lose their stream to
 // it and it does not come back; the other replicas of shard 1 wait for it
-// until the op times out, and name it (protocol.md, "Resuming with replica
-// groups").
+// until the op times out, and name it. The op stalls on shard 0 too, whose
+// reducers time out at about the same moment naming only the partner they
+// wait for: a worker that gets that error first names the lost replica
+// from what its shard-1 replica told it (ReplicaLost; protocol.md,
+// "Resuming with replica groups").
 void killed_replica_fails_every_worker_of_every_group(const std::string& transport) {
   PoolSpec spec;
   spec.transport = transport;

@@ -143,8 +143,8 @@ TEST(FrameLayout, FieldsSitAtDocumentedOffsetsLittleEndian) {
   EXPECT_EQ(byte(2), 'L');
   EXPECT_EQ(byte(3), 'Y');
   EXPECT_EQ(get_le(b, 0, 4), 0x594C4154u);
-  // Version 4, little-endian.
-  EXPECT_EQ(byte(4), 0x04);
+  // Version 5, little-endian.
+  EXPECT_EQ(byte(4), 0x05);
   EXPECT_EQ(byte(5), 0x00);
   EXPECT_EQ(byte(6), 3);   // kind: result
   EXPECT_EQ(byte(7), 6);   // dtype: int64
@@ -229,7 +229,7 @@ TEST(FrameDecode, RejectsBadMagic) {
 }
 
 TEST(FrameDecode, RejectsOtherVersionsWithVersionMismatchNamingBoth) {
-  for (uint64_t version : {0ULL, 1ULL, 2ULL, 3ULL, 5ULL, 0x1234ULL, 0xFFFFULL, 0x0400ULL}) {
+  for (uint64_t version : {0ULL, 1ULL, 2ULL, 3ULL, 4ULL, 6ULL, 0x1234ULL, 0xFFFFULL, 0x0500ULL}) {
     SCOPED_TRACE("version " + std::to_string(version));
     EncodedHeader b = encode_header(valid_data_header());
     put_le(b, 4, 2, version);

@@ -1,7 +1,7 @@
 // Job with replica groups: Jobs of three groups combining their partials
 // through an in-process queue whose delivery order the test controls,
-// failures forwarded, replayed results sent as finals, new rounds, and the
-// quota the partials take.
+// failures forwarded, replayed results sent as finals, a lost replica
+// told to the workers, new rounds, and the quota the partials take.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -293,6 +293,33 @@ TEST(ReplicaGroups, ANewRoundDropsTheOpsInFlightAndAsksEveryWorkerToRejoin) {
   }
   EXPECT_EQ(pool.discarded, 0u);
   expect_same_result_everywhere(pool);
+}
+
+// A lost replica fails nothing, but every worker of a job that needs it is
+// told at once, so that an op failing meanwhile on another shard (whose
+// reducers cannot know) names it; a job that does not need it says nothing.
+TEST(ReplicaGroups, AJobsWorkersAreToldOfALostReplicaItNeeds) {
+  Pool pool(100);
+  for (uint32_t r : {0u, 1u}) pool.contribute(r);
+  pool.jobs[0]->on_replica_lost(
+      2, Status(ErrorCode::kPeerLost, "replica group 2 lost: connection closed by peer"));
+  for (uint32_t r : {0u, 1u}) {
+    ASSERT_EQ(pool.members[r]->errors.size(), 1u) << "rank " << r;
+    const wire::Control& told = pool.members[r]->errors.back();
+    ASSERT_TRUE(told.has_replica_lost()) << told.DebugString();
+    EXPECT_EQ(told.replica_lost().replica(), "replica group 2");
+    EXPECT_EQ(told.replica_lost().reason(), "replica group 2 lost: connection closed by peer");
+  }
+  // Nothing failed: the op completes once the replica's partial comes.
+  EXPECT_EQ(pool.jobs[0]->round(), 0u);
+  for (uint32_t r : {2u, 3u, 4u}) pool.contribute(r);
+  while (pool.deliver_one()) {
+  }
+  expect_same_result_everywhere(pool);
+  // Its own group, or a group the job does not span, is not news to it.
+  pool.jobs[0]->on_replica_lost(0, Status(ErrorCode::kPeerLost, "self"));
+  pool.jobs[0]->on_replica_lost(7, Status(ErrorCode::kPeerLost, "a stranger"));
+  EXPECT_EQ(pool.members[0]->errors.size(), 1u);
 }
 
 TEST(ReplicaGroups, QuotaCoversThePartials) {

@@ -38,7 +38,7 @@
 namespace tally {
 
 inline constexpr uint32_t kFrameMagic = 0x594C4154;  // "TALY" in memory order
-inline constexpr uint16_t kProtocolVersion = 4;
+inline constexpr uint16_t kProtocolVersion = 5;
 inline constexpr size_t kFrameHeaderBytes = 64;
 // Control messages are small (hello, errors); anything larger is hostile.
 inline constexpr size_t kMaxControlBytes = 64 * 1024;

@@ -167,6 +167,10 @@ class Job : public std::enable_shared_from_this<Job> {
   // The job has ended on the replica of `group`: every op that still needs
   // a partial from it fails with `why`, now or when it gets there.
   void on_replica_left(uint32_t group, const Status& why);
+  // The replica of `group` is lost (`why`): nothing fails, and the job's
+  // workers are told (ReplicaLost), so that an op failing meanwhile on
+  // another shard names it.
+  void on_replica_lost(uint32_t group, const Status& why);
   // The replica of `group` is back after a loss (restarted, or its streams
   // reopened): the job starts a new round (docs/protocol.md, "Resuming
   // with replica groups").
