@@ -2,13 +2,13 @@
 
 #include <spdlog/spdlog.h>
 
-#include <atomic>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -33,12 +33,17 @@ struct HttpServer::Impl : std::enable_shared_from_this<HttpServer::Impl> {
   tcp::acceptor acceptor;
   HostPort bound;
   std::thread thread;
-  std::atomic<size_t> open{0};  // connections being served
-  // Live connections, for stop(); touched on the server's thread only.
+  // Touched on the server's thread only:
+  // live connections, for stop() and for making room;
   std::unordered_map<HttpConnection*, std::weak_ptr<HttpConnection>> live;
+  size_t open = 0;                                  // those holding a slot
+  std::unordered_map<std::string, size_t> sources;  // slots held by source address
   std::once_flag stopped;
 
   void accept();
+  // Whether a connection from `source` may have a slot, cutting the one
+  // that has waited longest for a request when every slot is taken.
+  bool make_room(const std::string& source);
 };
 
 // One connection: requests are read, answered and written one at a time
@@ -46,31 +51,67 @@ struct HttpServer::Impl : std::enable_shared_from_this<HttpServer::Impl> {
 // single thread.
 class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
  public:
-  HttpConnection(std::shared_ptr<HttpServer::Impl> server, tcp::socket socket)
-      : server_(std::move(server)), stream_(std::move(socket)) {}
+  using Clock = std::chrono::steady_clock;
+
+  // Takes a slot for `source` (make_room said there is one).
+  HttpConnection(std::shared_ptr<HttpServer::Impl> server, tcp::socket socket, std::string source)
+      : server_(std::move(server)), stream_(std::move(socket)), source_(std::move(source)) {
+    ++server_->open;
+    ++server_->sources[source_];
+  }
   ~HttpConnection() {
     server_->live.erase(this);
-    server_->open.fetch_sub(1, std::memory_order_relaxed);
+    release();
   }
 
-  // Cuts the connection; its pending operation completes with an error.
+  // Cuts the connection and frees its slot at once; its pending operation
+  // completes with an error.
   void close() {
+    release();
     beast::error_code ignored;
     stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
     stream_.close();
   }
 
+  // Waits for the next request (its first byte within the deadline, the
+  // rest within the request deadline).
   void read() {
     parser_.emplace();
     parser_->header_limit(static_cast<uint32_t>(server_->options.max_request_bytes));
     parser_->body_limit(0);  // GET has no body; anything else is refused
+    waiting_since_ = Clock::now();
+    writing_ = false;
+    if (buffer_.size() > 0) return read_request();  // pipelined after the last one
     stream_.expires_after(server_->options.deadline);
+    stream_.async_read_some(buffer_.prepare(server_->options.max_request_bytes),
+                            [self = shared_from_this()](beast::error_code ec, size_t n) {
+                              if (ec) return self->on_read(ec);
+                              self->buffer_.commit(n);
+                              self->read_request();
+                            });
+  }
+
+  // May the server cut this one to make room: it holds a slot and waits
+  // for a request, since `waiting_since()`.
+  bool waiting() const { return slot_ && !writing_; }
+  Clock::time_point waiting_since() const { return waiting_since_; }
+
+ private:
+  void release() {
+    if (!slot_) return;
+    slot_ = false;
+    --server_->open;
+    auto it = server_->sources.find(source_);
+    if (it != server_->sources.end() && --it->second == 0) server_->sources.erase(it);
+  }
+
+  void read_request() {
+    stream_.expires_after(server_->options.request_deadline);
     http::async_read(
         stream_, buffer_, *parser_,
         [self = shared_from_this()](beast::error_code ec, size_t) { self->on_read(ec); });
   }
 
- private:
   void on_read(beast::error_code ec) {
     if (ec == http::error::end_of_stream || ec == asio::error::eof ||
         ec == asio::error::connection_reset) {
@@ -127,6 +168,7 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
     response_->keep_alive(keep_alive);
     response_->body() = std::move(answer.body);
     response_->prepare_payload();
+    writing_ = true;
     stream_.expires_after(server_->options.deadline);
     http::async_write(stream_, *response_,
                       [self = shared_from_this(), keep_alive](beast::error_code ec, size_t) {
@@ -140,6 +182,10 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
 
   std::shared_ptr<HttpServer::Impl> server_;
   beast::tcp_stream stream_;
+  const std::string source_;
+  bool slot_ = true;
+  bool writing_ = false;
+  Clock::time_point waiting_since_ = Clock::now();
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::empty_body>> parser_;
   std::optional<http::response<http::string_body>> response_;
@@ -149,14 +195,16 @@ void HttpServer::Impl::accept() {
   acceptor.async_accept([self = shared_from_this()](beast::error_code ec, tcp::socket socket) {
     if (ec == asio::error::operation_aborted || !self->acceptor.is_open()) return;
     if (!ec) {
-      if (self->open.load(std::memory_order_relaxed) >= self->options.max_connections) {
+      beast::error_code peer_error;
+      const auto peer = socket.remote_endpoint(peer_error);
+      const std::string source = peer_error ? std::string() : peer.address().to_string();
+      if (peer_error || !self->make_room(source)) {
         // Counted before the close: whoever sees the close sees the count.
         if (self->events.on_rejected) self->events.on_rejected();
         beast::error_code ignored;
         socket.close(ignored);
       } else {
-        self->open.fetch_add(1, std::memory_order_relaxed);
-        auto conn = std::make_shared<HttpConnection>(self, std::move(socket));
+        auto conn = std::make_shared<HttpConnection>(self, std::move(socket), source);
         self->live.emplace(conn.get(), conn);
         conn->read();
       }
@@ -165,15 +213,33 @@ void HttpServer::Impl::accept() {
   });
 }
 
+bool HttpServer::Impl::make_room(const std::string& source) {
+  if (auto it = sources.find(source); it != sources.end() && it->second >= options.max_per_source) {
+    return false;
+  }
+  if (open < options.max_connections) return true;
+  std::shared_ptr<HttpConnection> oldest;
+  for (auto& [raw, weak] : live) {
+    auto c = weak.lock();
+    if (c && c->waiting() && (!oldest || c->waiting_since() < oldest->waiting_since())) {
+      oldest = std::move(c);
+    }
+  }
+  if (!oldest) return false;  // every slot is writing an answer
+  oldest->close();
+  return true;
+}
+
 Result<std::unique_ptr<HttpServer>> HttpServer::start(const HttpServerOptions& options,
                                                       HttpHandler handler,
                                                       HttpServerEvents events) {
   if (!handler) return Status(ErrorCode::kInvalidArgument, "the HTTP server needs a handler");
-  if (options.deadline.count() <= 0 || options.max_request_bytes < 256 ||
-      options.max_connections == 0) {
+  if (options.deadline.count() <= 0 || options.request_deadline.count() <= 0 ||
+      options.max_request_bytes < 256 || options.max_connections == 0 ||
+      options.max_per_source == 0) {
     return Status(ErrorCode::kInvalidArgument,
-                  "HTTP deadline must be positive, request limit at least 256 bytes, connection "
-                  "limit at least 1");
+                  "HTTP deadlines must be positive, request limit at least 256 bytes, connection "
+                  "limits at least 1");
   }
   auto impl = std::make_shared<Impl>(options, std::move(handler), std::move(events));
   beast::error_code ec;

@@ -1,6 +1,8 @@
 // /metrics content and the HTTP server's limits, over real sockets on
 // 127.0.0.1 (the server runs on its own thread in this process).
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <prometheus/histogram.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -14,6 +16,7 @@
 #include <chrono>
 #include <functional>
 #include <thread>
+#include <vector>
 
 #include "tally/bench/metrics_scrape.h"
 #include "tally/reducer/http_server.h"
@@ -191,7 +194,7 @@ TEST(HttpServer, KeepAliveServesSeveralRequestsOnOneConnection) {
 
 TEST(HttpServer, SlowClientIsCutAtTheDeadline) {
   HttpServerOptions o;
-  o.deadline = 300ms;
+  o.request_deadline = 300ms;
   Server s(o);
   ASSERT_TRUE(s.server);
   bool closed = false;
@@ -220,28 +223,143 @@ TEST(HttpServer, OversizedRequestIsRefused) {
   EXPECT_TRUE(contains(body, "HTTP/1.1 4")) << body;
 }
 
-TEST(HttpServer, ConnectionsBeyondTheLimitAreClosedAtOnce) {
+// A full server makes room for a new connection by cutting the one that
+// has waited longest for a request; the others are kept.
+TEST(HttpServer, AFullServerCutsTheConnectionWaitingLongest) {
   HttpServerOptions o;
   o.max_connections = 2;
-  // Far beyond the probe's wait: a close seen by the probe is the
-  // rejection, never the deadline (no wall-clock bound on a loaded machine).
+  // Far beyond the test's waits: a close seen here is the cut, never the
+  // deadline (no wall-clock bound on a loaded machine).
   o.deadline = 60000ms;
   Server s(o);
   ASSERT_TRUE(s.server);
   auto hp = parse_host_port(s.address);
   asio::io_context io;
-  std::vector<tcp::socket> idle;
-  for (int i = 0; i < 2; ++i) {
-    idle.emplace_back(io);
-    idle.back().connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), hp->port));
+  const tcp::endpoint server(asio::ip::make_address("127.0.0.1"), hp->port);
+  tcp::socket oldest(io), newer(io);
+  oldest.connect(server);
+  // The server has taken the first before the second arrives.
+  ASSERT_TRUE(eventually_ok([&] {
+    auto body = bench::http_get(s.address, "/hello", 1s);
+    return body.is_ok();
+  }));
+  newer.connect(server);
+  auto body = bench::http_get(s.address, "/hello", 20s);
+  ASSERT_TRUE(body) << body.status().to_string();
+  // `oldest` was cut (its read ends), `newer` was not.
+  char byte;
+  boost::system::error_code ec;
+  oldest.read_some(asio::buffer(&byte, 1), ec);
+  EXPECT_EQ(ec, asio::error::eof) << ec.message();
+  newer.non_blocking(true);
+  newer.read_some(asio::buffer(&byte, 1), ec);
+  EXPECT_EQ(ec, asio::error::would_block) << ec.message();
+}
+
+// One source holds at most max_per_source connections: more from it are
+// closed at once, while another source is still served.
+TEST(HttpServer, OneSourceHoldsAtMostItsShare) {
+  HttpServerOptions o;
+  o.max_per_source = 3;
+  o.deadline = 60000ms;
+  Server s(o);
+  ASSERT_TRUE(s.server);
+  auto hp = parse_host_port(s.address);
+  asio::io_context io;
+  std::vector<tcp::socket> held;
+  for (int i = 0; i < 4; ++i) {
+    held.emplace_back(io);
+    held.back().open(tcp::v4());
+    held.back().bind(tcp::endpoint(asio::ip::make_address("127.0.0.2"), 0));
+    held.back().connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), hp->port));
   }
-  // The server accepts in arrival order, so the probe is the third.
-  bool closed = false;
-  raw_exchange(s.address, "", 20s, &closed);
-  EXPECT_TRUE(closed);
-  EXPECT_GE(s.rejected.load(), 1);
-  idle.clear();  // the slots free up again
-  EXPECT_TRUE(eventually_ok([&] { return bench::http_get(s.address, "/hello", 1s).is_ok(); }));
+  // The fourth is closed at once (the server accepts in arrival order).
+  char byte;
+  boost::system::error_code ec;
+  held[3].read_some(asio::buffer(&byte, 1), ec);
+  EXPECT_EQ(ec, asio::error::eof) << ec.message();
+  EXPECT_EQ(s.rejected.load(), 1);
+  auto body = bench::http_get(s.address, "/hello", 20s);
+  ASSERT_TRUE(body) << body.status().to_string();
+}
+
+// Slow clients that drip a request a byte at a time from `sources`
+// (127.0.0.x addresses), reopening each connection the server cuts, so
+// that they always hold what they can. Runs on its own thread until
+// stopped, at most 60 s.
+class Drippers {
+ public:
+  Drippers(const std::string& address, const std::vector<std::string>& sources) {
+    auto hp = parse_host_port(address);
+    thread_ = std::thread([this, port = hp->port, sources] {
+      std::vector<int> fds(sources.size(), -1);
+      const auto until = std::chrono::steady_clock::now() + 60s;
+      while (!stop_ && std::chrono::steady_clock::now() < until) {
+        for (size_t i = 0; i < fds.size(); ++i) {
+          if (fds[i] < 0) fds[i] = open_from(sources[i], port);
+          if (fds[i] < 0) continue;
+          // One byte of a request line that never ends.
+          if (send(fds[i], "G", 1, MSG_NOSIGNAL | MSG_DONTWAIT) != 1) {
+            close(fds[i]);
+            fds[i] = -1;
+            ++cut;
+          }
+        }
+        std::this_thread::sleep_for(50ms);
+      }
+      for (int fd : fds) {
+        if (fd >= 0) close(fd);
+      }
+    });
+  }
+  ~Drippers() {
+    stop_ = true;
+    thread_.join();
+  }
+  std::atomic<int> cut{0};
+
+ private:
+  static int open_from(const std::string& source, uint16_t port) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in from{};
+    from.sin_family = AF_INET;
+    inet_pton(AF_INET, source.c_str(), &from.sin_addr);
+    sockaddr_in to{};
+    to.sin_family = AF_INET;
+    to.sin_port = htons(port);
+    to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (bind(fd, reinterpret_cast<sockaddr*>(&from), sizeof(from)) != 0 ||
+        connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof(to)) != 0) {
+      close(fd);
+      return -1;
+    }
+    return fd;
+  }
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+// At the server's defaults, slow clients cannot starve a probe: 48 of
+// them from 40 sources (8 more from one of those) drip their requests and
+// reopen what is cut, and a kubelet-style probe (1 s timeout) from
+// another source is answered every time. One source holds at most its
+// share; a full server cuts the connection that has waited longest for a
+// request; a request begun must be whole within a short deadline.
+TEST(HttpServer, SlowClientsCannotStarveAProbe) {
+  Server s;
+  ASSERT_TRUE(s.server);
+  std::vector<std::string> sources;
+  for (int i = 2; i < 42; ++i) sources.push_back("127.0.0." + std::to_string(i));
+  for (int i = 0; i < 8; ++i) sources.push_back("127.0.0.2");
+  Drippers drippers(s.address, sources);
+  // Until the drippers hold the server: some of theirs were cut already.
+  ASSERT_TRUE(eventually_ok([&] { return drippers.cut.load() >= 8; }));
+  for (int probe = 0; probe < 10; ++probe) {
+    auto body = bench::http_get(s.address, "/hello", 1s);
+    ASSERT_TRUE(body) << "probe " << probe << ": " << body.status().to_string();
+    EXPECT_EQ(*body, "hi\n");
+    std::this_thread::sleep_for(200ms);
+  }
 }
 
 TEST(HttpServer, StopsPromptlyWithOpenConnections) {

@@ -1,10 +1,17 @@
 // A small HTTP/1.1 server (Boost.Beast) for /metrics, /healthz and /readyz.
 // It runs on its own thread and io_context, never on an I/O thread of the
 // data path, so a slow scrape cannot delay a chunk. Hostile clients are
-// bounded: every request must be read, answered and written within the
-// deadline (the connection is cut otherwise), request headers are limited
-// in size, bodies are refused, and at most `max_connections` are open (more
-// are closed at once).
+// bounded, so that none can starve a health probe:
+// - a request, once its first byte is in, must be whole within
+//   `request_deadline`; an idle connection waits `deadline` for one, and an
+//   answer must be written within `deadline` (the connection is cut
+//   otherwise);
+// - request headers are limited in size, and bodies are refused;
+// - one source address holds at most `max_per_source` connections (more
+//   from it are closed at once);
+// - at most `max_connections` are open: a new one past that cuts the open
+//   connection that has waited longest for a request, or is closed at once
+//   when every open one is writing an answer.
 #pragma once
 
 #include <chrono>
@@ -25,10 +32,16 @@ struct HttpServerOptions {
   // connection's wait for the next request. Prometheus's default scrape
   // timeout is 10 s; our answers take microseconds.
   std::chrono::milliseconds deadline{5000};
+  // From a request's first byte to its last header: a scraper or probe
+  // sends it in one segment.
+  std::chrono::milliseconds request_deadline{1000};
   // Request line plus headers; a scraper sends a few hundred bytes.
   size_t max_request_bytes = 8192;
   // Open connections; a scraper and two kubelet probes need three.
   size_t max_connections = 32;
+  // Open connections from one source address (the kubelet probes from its
+  // node's address, a scraper from its own).
+  size_t max_per_source = 8;
 };
 
 struct HttpResponse {
