@@ -144,8 +144,16 @@ int main(int argc, char** argv) {
                  "another (default: not paced)")
       ->envname("TALLY_LINK_RATE");
   app.add_option("--max-connections", options.max_connections,
-                 "open streams at most; more are closed as they are accepted")
+                 "open streams at most; a new one past it cuts the oldest stream not yet "
+                 "admitted (no hello, or not yet authenticated), or is closed when every open "
+                 "one is admitted")
       ->envname("TALLY_MAX_CONNECTIONS")
+      ->capture_default_str()
+      ->check(CLI::Range(size_t{1}, size_t{1} << 20));
+  app.add_option("--max-pending-per-source", options.max_pending_per_source,
+                 "streams from one source address not yet admitted; more from it are closed "
+                 "as they are accepted")
+      ->envname("TALLY_MAX_PENDING_PER_SOURCE")
       ->capture_default_str()
       ->check(CLI::Range(size_t{1}, size_t{1} << 20));
   app.add_option("--heartbeat-ms", heartbeat_ms, "heartbeat interval on idle streams")

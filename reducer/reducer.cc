@@ -12,10 +12,12 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <deque>
 #include <future>
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -57,18 +59,32 @@ namespace {
 class InboundStream final : public FrameHandler,
                             public std::enable_shared_from_this<InboundStream> {
  public:
-  // Makes the session for a stream whose first message is `first`.
+  // Makes the session for a stream whose first message is `first`; the
+  // session calls `admitted` once it has joined a job or replica link.
   using Route = std::function<std::shared_ptr<FrameHandler>(const wire::Control& first,
-                                                            std::shared_ptr<Connection> conn)>;
-  using Closed = std::function<void(const std::shared_ptr<InboundStream>&)>;
+                                                            std::shared_ptr<Connection> conn,
+                                                            std::function<void()> admitted)>;
+  // Called once each: when the stream is admitted, and when it closes.
+  using Event = std::function<void(const std::shared_ptr<InboundStream>&)>;
 
-  InboundStream(std::shared_ptr<Connection> conn, std::chrono::milliseconds hello_timeout,
-                std::shared_ptr<ReducerCounters> counters, Route route, Closed closed)
-      : conn_(std::move(conn)),
+  InboundStream(std::shared_ptr<Connection> conn, std::string source,
+                std::chrono::milliseconds hello_timeout, std::shared_ptr<ReducerCounters> counters,
+                Route route, Event admitted, Event closed)
+      : source(std::move(source)),
+        conn_(std::move(conn)),
         hello_timeout_(hello_timeout),
         counters_(std::move(counters)),
         route_(std::move(route)),
+        admitted_(std::move(admitted)),
         closed_(std::move(closed)) {}
+
+  // The peer's address, which its streams not yet admitted are counted by.
+  const std::string source;
+  // Kept by Reducer::Impl under its mutex: the stream is not admitted yet
+  // (no hello, or a hello not yet authenticated or joined), and it was cut
+  // to make room for a newer one.
+  bool pending = true;
+  bool evicted = false;
 
   void start() {
     conn_->start(shared_from_this());
@@ -84,6 +100,11 @@ class InboundStream final : public FrameHandler,
   void close(const Status& why) {
     asio::post(conn_->executor(),
                [self = shared_from_this(), why] { close_with_error(self->conn_, why); });
+  }
+  // Closes without a word: a worker cut before its Welcome dials again, as
+  // after a reducer that died mid-handshake.
+  void cut(const Status& why) {
+    asio::post(conn_->executor(), [self = shared_from_this(), why] { self->conn_->close(why); });
   }
 
   PayloadAction on_data_header(const FrameHeader& h) override {
@@ -107,7 +128,9 @@ class InboundStream final : public FrameHandler,
   void on_control(const wire::Control& message) override {
     if (!session_ && (message.has_hello() || message.has_replica_hello())) {
       hello_timer_->cancel();
-      session_ = route_(message, conn_);
+      session_ = route_(message, conn_, [weak = weak_from_this()] {
+        if (auto self = weak.lock()) self->admitted_(self);
+      });
       if (session_) {
         kind_ =
             message.has_replica_hello() ? &counters_->replica_streams : &counters_->worker_streams;
@@ -142,7 +165,8 @@ class InboundStream final : public FrameHandler,
   const std::chrono::milliseconds hello_timeout_;
   const std::shared_ptr<ReducerCounters> counters_;
   const Route route_;
-  const Closed closed_;
+  const Event admitted_;
+  const Event closed_;
   std::optional<asio::steady_timer> hello_timer_;
   std::shared_ptr<FrameHandler> session_;
   std::atomic<int64_t>* kind_ = nullptr;  // counts this stream while routed
@@ -167,30 +191,92 @@ struct Reducer::Impl : std::enable_shared_from_this<Reducer::Impl> {
   // When the sweep last ran on I/O thread 0: /healthz fails if it stalls.
   std::atomic<int64_t> last_sweep_ns{Job::Clock::now().time_since_epoch().count()};
 
-  std::mutex mu;  // the streams; taken on accept, close and stop only
+  std::mutex mu;  // the streams; taken on accept, hello, close and stop only
   std::unordered_set<std::shared_ptr<InboundStream>> streams;
-  // Connections refused at the --max-connections limit, logged once per 10 s.
+  // Streams not yet admitted (no hello, or one not yet authenticated or
+  // joined): in accept order (entries admitted, closed or cut are dropped
+  // as they reach the front), and counted by source address.
+  std::deque<std::weak_ptr<InboundStream>> pending_order;
+  std::unordered_map<std::string, size_t> pending_by_source;
+  size_t evicting = 0;  // cut to make room, not closed yet
+  // Connections refused or cut at the limits, logged once per 10 s each.
   LogLimiter refusals_logged{LogLimiter::kEvery, 1};
+  LogLimiter source_refusals_logged{LogLimiter::kEvery, 1};
+  LogLimiter evictions_logged{LogLimiter::kEvery, 1};
   bool stopping = false;
 
   void on_accept(asio::ip::tcp::socket socket);
+  // Whether a new stream from `source` may be open: within its source's
+  // share of streams not yet admitted, and within --max-connections,
+  // cutting the oldest stream not yet admitted when at the limit.
+  bool make_room_locked(const std::string& source);
+  void no_longer_pending_locked(InboundStream& stream);
   // The session for a stream whose first message is `first`.
-  std::shared_ptr<FrameHandler> route(const wire::Control& first, std::shared_ptr<Connection> conn);
+  std::shared_ptr<FrameHandler> route(const wire::Control& first, std::shared_ptr<Connection> conn,
+                                      std::function<void()> admitted);
   void arm_sweep();
   void stop();
   void join();
 };
 
+bool Reducer::Impl::make_room_locked(const std::string& source) {
+  if (auto it = pending_by_source.find(source);
+      it != pending_by_source.end() && it->second >= options.max_pending_per_source) {
+    if (auto unlogged = source_refusals_logged.allow()) {
+      spdlog::warn(
+          "refused {} connection(s) from {}: {} streams from it are not admitted, the "
+          "--max-pending-per-source limit",
+          *unlogged + 1, source, it->second);
+    }
+    return false;
+  }
+  while (!pending_order.empty()) {
+    auto front = pending_order.front().lock();
+    if (front && front->pending && !front->evicted) break;
+    pending_order.pop_front();
+  }
+  if (streams.size() - evicting < options.max_connections) return true;
+  if (pending_order.empty()) {
+    if (auto unlogged = refusals_logged.allow()) {
+      spdlog::warn(
+          "refused {} connection(s): {} streams open, every one joined, the --max-connections "
+          "limit",
+          *unlogged + 1, streams.size());
+    }
+    return false;
+  }
+  auto oldest = pending_order.front().lock();
+  pending_order.pop_front();
+  oldest->evicted = true;
+  ++evicting;
+  if (auto unlogged = evictions_logged.allow()) {
+    spdlog::warn(
+        "cut {} stream(s) not yet admitted to make room at the --max-connections limit "
+        "({} open), the oldest first",
+        *unlogged + 1, streams.size());
+  }
+  oldest->cut(Status(ErrorCode::kResourceExhausted,
+                     "cut: not admitted while the reducer is at its --max-connections limit"));
+  return true;
+}
+
+void Reducer::Impl::no_longer_pending_locked(InboundStream& stream) {
+  if (!stream.pending) return;
+  stream.pending = false;
+  auto it = pending_by_source.find(stream.source);
+  if (it != pending_by_source.end() && --it->second == 0) pending_by_source.erase(it);
+}
+
 void Reducer::Impl::on_accept(asio::ip::tcp::socket socket) {
+  boost::system::error_code peer_error;
+  const auto peer = socket.remote_endpoint(peer_error);
+  if (peer_error) return;  // gone already; the socket closes with it
+  const std::string source = peer.address().to_string();
   {
     std::lock_guard lock(mu);
-    if (streams.size() >= options.max_connections) {
+    if (!make_room_locked(source)) {
       boost::system::error_code ignored;
       socket.close(ignored);
-      if (auto unlogged = refusals_logged.allow()) {
-        spdlog::warn("refused {} connection(s): {} streams open, the --max-connections limit",
-                     *unlogged + 1, streams.size());
-      }
       return;
     }
   }
@@ -200,31 +286,48 @@ void Reducer::Impl::on_accept(asio::ip::tcp::socket socket) {
   auto conn = make_connection(fabric, std::move(socket), copts);
   std::weak_ptr<Impl> weak = shared_from_this();
   auto stream = std::make_shared<InboundStream>(
-      conn, options.hello_timeout, counters,
-      [weak](const wire::Control& first,
-             std::shared_ptr<Connection> c) -> std::shared_ptr<FrameHandler> {
+      conn, source, options.hello_timeout, counters,
+      [weak](const wire::Control& first, std::shared_ptr<Connection> c,
+             std::function<void()> admitted) -> std::shared_ptr<FrameHandler> {
         auto self = weak.lock();
-        return self ? self->route(first, std::move(c)) : nullptr;
+        return self ? self->route(first, std::move(c), std::move(admitted)) : nullptr;
+      },
+      [weak](const std::shared_ptr<InboundStream>& admitted) {
+        if (auto self = weak.lock()) {
+          std::lock_guard lock(self->mu);
+          self->no_longer_pending_locked(*admitted);
+        }
       },
       [weak](const std::shared_ptr<InboundStream>& closed) {
         if (auto self = weak.lock()) {
           std::lock_guard lock(self->mu);
-          self->streams.erase(closed);
+          if (self->streams.erase(closed) == 0) return;
+          self->no_longer_pending_locked(*closed);
+          if (closed->evicted) --self->evicting;
         }
       });
   {
     std::lock_guard lock(mu);
     if (stopping) return;
     streams.insert(stream);
+    ++pending_by_source[source];
+    pending_order.push_back(stream);
   }
   // The socket lives on its own context; start there.
   asio::post(conn->executor(), [stream] { stream->start(); });
 }
 
 std::shared_ptr<FrameHandler> Reducer::Impl::route(const wire::Control& first,
-                                                   std::shared_ptr<Connection> conn) {
-  if (first.has_replica_hello()) return std::make_shared<ReplicaSession>(context, std::move(conn));
-  return std::make_shared<WorkerSession>(context, std::move(conn));
+                                                   std::shared_ptr<Connection> conn,
+                                                   std::function<void()> admitted) {
+  if (first.has_replica_hello()) {
+    auto session = std::make_shared<ReplicaSession>(context, std::move(conn));
+    session->on_admitted(std::move(admitted));
+    return session;
+  }
+  auto session = std::make_shared<WorkerSession>(context, std::move(conn));
+  session->on_admitted(std::move(admitted));
+  return session;
 }
 
 void Reducer::Impl::arm_sweep() {

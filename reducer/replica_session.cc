@@ -112,6 +112,7 @@ void ReplicaSession::accept(const wire::ReplicaHello& hello) {
   }
   conn_->send_control(welcome);
   group_ = hello.group();
+  if (auto admitted = std::exchange(admitted_, nullptr)) admitted();
   const std::string& t = hello.data_path().transport();
   spdlog::info("inbound stream of replica group {} from {}: data path {}", *group_, peer_,
                t.empty() ? "tcp" : t);

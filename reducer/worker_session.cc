@@ -232,6 +232,7 @@ void WorkerSession::join(std::shared_ptr<const wire::Hello> hello, bool authenti
     return;
   }
   job_ = *job;
+  if (auto admitted = std::exchange(admitted_, nullptr)) admitted();
   const wire::Hello& h = *hello;
   const ReducerOptions& o = context_->options;
   wire::Control welcome;

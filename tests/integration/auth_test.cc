@@ -2,12 +2,17 @@
 // a shared secret): real reducers, real workers, and raw strangers on
 // loopback. Each finding of issue 12's "no authentication" and "replica
 // impersonation" is tried here and shown refused.
+#include "tally/protocol/auth.h"
+
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <atomic>
 #include <chrono>
 #include <fstream>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "harness.h"
 #include "raw_peer.h"
@@ -121,6 +126,47 @@ TEST(Auth, AStrangerLearnsNothingAndTakesNoRank) {
 // Replica links authenticate with the pool secret: a pool with one runs,
 // and a stranger's ReplicaHello (then a hang-up, or a forged ReplicaError)
 // neither marks the real replica lost nor fails a job.
+// Strangers that hold every connection slot before authentication (silent
+// sockets from one host, and hellos whose challenge is never answered from
+// twelve others), reopening each one the reducer cuts, do not keep an
+// authenticated job out: a new stream at --max-connections cuts the oldest
+// one not yet admitted.
+TEST(Auth, StrangersAtTheConnectionCapDoNotKeepAnAuthenticatedJobOut) {
+  PoolSpec spec;
+  spec.reducer_args.insert(spec.reducer_args.end(), {"--max-connections", "16"});
+  AuthPool pool(spec);
+  ASSERT_TRUE(pool.cluster->ok()) << pool.cluster->error();
+  const std::string address = pool.cluster->addresses()[0];
+  std::atomic<bool> stop{false};
+  std::atomic<int> opened{0};
+  std::thread strangers([&] {
+    std::vector<std::unique_ptr<RawPeer>> peers(24);
+    const auto until = std::chrono::steady_clock::now() + 60s;
+    while (!stop && std::chrono::steady_clock::now() < until) {
+      for (size_t i = 0; i < peers.size(); ++i) {
+        if (peers[i] && !peers[i]->closed_within(1ms)) continue;
+        const bool says_hello = i >= 12;
+        peers[i] = std::make_unique<RawPeer>(
+            address, says_hello ? "127.0.0." + std::to_string(i - 9) : "127.0.0.2");
+        if (says_hello) {
+          wire::Control hello = raw_hello(unique_job("squat"), 0, 2);
+          hello.mutable_hello()->set_auth_nonce(std::string(kAuthNonceBytes, 'n'));
+          peers[i]->send_control(hello);
+        }
+        ++opened;
+      }
+      std::this_thread::sleep_for(50ms);
+    }
+  });
+  // The strangers hold the cap: they have been cut, and have come back.
+  EXPECT_TRUE(eventually([&] { return opened.load() >= 48; }, 20s)) << pool.cluster->reducer_log(0);
+  EXPECT_TRUE(contains(pool.cluster->reducer_log(0), "--max-connections limit"))
+      << pool.cluster->reducer_log(0);
+  expect_allreduce_works(*pool.cluster, 3, "at-the-cap", {{"TALLY_SECRET_FILE", pool.secret_file}});
+  stop = true;
+  strangers.join();
+}
+
 TEST(Auth, ReplicaImpersonationIsRefused) {
   TempDir dir;
   const std::string pool_secret = write_secret(dir, "pool.secret", kOtherSecret);

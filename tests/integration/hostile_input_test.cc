@@ -300,33 +300,82 @@ TEST(Fault, APeerThatDoesNotReadIsCutOff) {
   expect_peak_rss_within_overhead(cluster, 0, 3);
 }
 
-// At --max-connections open streams, the next one is closed at once, and
-// the slots come back when those streams go.
-TEST(Fault, ConnectionsBeyondTheCapAreClosedAtOnce) {
+// At --max-connections open streams, a new one cuts the oldest stream not
+// yet admitted (silent ones here, oldest first, without a word), and the
+// others are kept.
+TEST(Fault, ConnectionsBeyondTheCapCutTheOldestNotYetAdmitted) {
   PoolSpec spec;
   spec.reducer_args.insert(spec.reducer_args.end(), {"--max-connections", "8"});
   TestCluster cluster(spec);
   ASSERT_TRUE(cluster.ok()) << cluster.error();
+  std::vector<std::unique_ptr<RawPeer>> silent;
+  for (int i = 0; i < 8; ++i) silent.push_back(std::make_unique<RawPeer>(cluster.addresses()[0]));
+  RawPeer extra(cluster.addresses()[0]);  // accepted after the 8, in arrival order
+  std::string received;
+  EXPECT_TRUE(silent[0]->closed_within(5s, &received));
+  EXPECT_TRUE(received.empty()) << received;
+  EXPECT_FALSE(silent[1]->closed_within(300ms));
+  EXPECT_FALSE(extra.closed_within(300ms));
+  EXPECT_TRUE(eventually([&] { return contains(cluster.reducer_log(0), "--max-connections"); }, 5s))
+      << cluster.reducer_log(0);
+  silent.clear();
+  expect_allreduce_works(cluster, 2, "after-cap");
+  expect_peak_rss_within_overhead(cluster, 0, 10);
+}
+
+// When every open stream has joined a job, a stream beyond
+// --max-connections is closed as soon as it is accepted, and the slots come
+// back when the job's streams go.
+TEST(Fault, ConnectionsBeyondTheCapOfJoinedStreamsAreClosedAtOnce) {
+  PoolSpec spec;
+  spec.reducer_args.insert(spec.reducer_args.end(), {"--max-connections", "4"});
+  TestCluster cluster(spec);
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
   {
-    std::vector<std::unique_ptr<RawPeer>> silent;
-    for (int i = 0; i < 8; ++i) silent.push_back(std::make_unique<RawPeer>(cluster.addresses()[0]));
-    RawPeer extra(cluster.addresses()[0]);  // accepted after the 8, in arrival order
+    const std::string job = unique_job("cap-joined");
+    std::vector<std::unique_ptr<RawPeer>> joined;
+    for (uint32_t r = 0; r < 4; ++r) {
+      joined.push_back(std::make_unique<RawPeer>(cluster.addresses()[0]));
+      joined.back()->send_control(raw_hello(job, r, 4));
+      auto welcome = joined.back()->read_frame(10s);
+      ASSERT_TRUE(welcome) << "rank " << r << "\n" << cluster.reducer_log(0);
+    }
+    RawPeer extra(cluster.addresses()[0]);
     std::string received;
     EXPECT_TRUE(extra.closed_within(5s, &received));
     EXPECT_TRUE(received.empty()) << received;
     EXPECT_TRUE(
-        eventually([&] { return contains(cluster.reducer_log(0), "--max-connections"); }, 5s))
+        eventually([&] { return contains(cluster.reducer_log(0), "every one joined"); }, 5s))
         << cluster.reducer_log(0);
   }
-  // The reducer frees the slots as it reads the silent streams' ends.
+  // The reducer frees the slots as it reads the job's streams' ends.
   EXPECT_TRUE(eventually(
-      [&] {
-        RawPeer probe(cluster.addresses()[0]);
-        return !probe.closed_within(300ms);
-      },
-      10s));
+      [&] { return contains(cluster.reducer_log(0), "has no workers left on shard 0"); }, 10s))
+      << cluster.reducer_log(0);
   expect_allreduce_works(cluster, 2, "after-cap");
-  expect_peak_rss_within_overhead(cluster, 0, 10);
+}
+
+// One source address holds at most --max-pending-per-source streams not
+// yet admitted: more from it are closed as they are accepted, while
+// another source is served.
+TEST(Fault, OneSourceHoldsAtMostItsShareOfStreamsNotYetAdmitted) {
+  PoolSpec spec;
+  spec.reducer_args.insert(spec.reducer_args.end(), {"--max-pending-per-source", "4"});
+  TestCluster cluster(spec);
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  std::vector<std::unique_ptr<RawPeer>> silent;
+  for (int i = 0; i < 5; ++i) {
+    silent.push_back(std::make_unique<RawPeer>(cluster.addresses()[0], "127.0.0.2"));
+  }
+  std::string received;
+  EXPECT_TRUE(silent[4]->closed_within(5s, &received));
+  EXPECT_TRUE(received.empty()) << received;
+  EXPECT_FALSE(silent[0]->closed_within(300ms));
+  EXPECT_TRUE(eventually(
+      [&] { return contains(cluster.reducer_log(0), "--max-pending-per-source limit"); }, 5s))
+      << cluster.reducer_log(0);
+  // Workers from 127.0.0.1 are served meanwhile.
+  expect_allreduce_works(cluster, 2, "beside-a-full-source");
 }
 
 // Streams that announce a control frame of the largest size and then drip

@@ -15,10 +15,16 @@ namespace asio = boost::asio;
 using asio::ip::tcp;
 using namespace std::chrono_literals;
 
-RawPeer::RawPeer(const std::string& address) : socket_(io_) {
+RawPeer::RawPeer(const std::string& address, const std::string& source) : socket_(io_) {
   auto hp = parse_host_port(address);
   tcp::resolver resolver(io_);
-  asio::connect(socket_, resolver.resolve(hp->host, std::to_string(hp->port)));
+  if (source.empty()) {
+    asio::connect(socket_, resolver.resolve(hp->host, std::to_string(hp->port)));
+    return;
+  }
+  socket_.open(tcp::v4());
+  socket_.bind(tcp::endpoint(asio::ip::make_address(source), 0));
+  socket_.connect(*resolver.resolve(hp->host, std::to_string(hp->port)).begin());
 }
 
 void RawPeer::send(const void* data, size_t n) {

@@ -19,7 +19,9 @@ namespace tally::testing {
 
 class RawPeer {
  public:
-  explicit RawPeer(const std::string& address);
+  // Connects to `address`, from the local address `source` when given
+  // (another 127.0.0.x: a different host, as the reducer counts sources).
+  explicit RawPeer(const std::string& address, const std::string& source = "");
 
   void send(const void* data, size_t n);
   void send_frame(const FrameHeader& h, const std::string& payload);

@@ -61,10 +61,16 @@ struct ReducerOptions {
   bool require_auth = false;
   // Replicas of a shard authenticate their links with the pool secret.
   Secret pool_secret;
-  // Open streams (workers, replicas, and streams still before their hello);
-  // one more is closed as soon as it is accepted, so a flood of sockets
-  // cannot take every descriptor the reducer has.
+  // Open streams (workers, replicas, and streams not yet admitted), so a
+  // flood of sockets cannot take every descriptor the reducer has. A new
+  // stream past it cuts the oldest one not yet admitted (no hello, or one
+  // not yet authenticated or joined), or is closed at once when every open
+  // one is admitted.
   size_t max_connections = 4096;
+  // Streams from one source address not yet admitted; more from it are
+  // closed as they are accepted, so a few hosts cannot hold every slot
+  // before authentication.
+  size_t max_pending_per_source = 64;
   // A stream that has not sent its hello by then is closed.
   std::chrono::milliseconds hello_timeout{10000};
   // Longest op timeout a worker may ask for.

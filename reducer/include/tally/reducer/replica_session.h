@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -28,6 +29,9 @@ class ReplicaSession final : public FrameHandler,
                              public std::enable_shared_from_this<ReplicaSession> {
  public:
   ReplicaSession(std::shared_ptr<SessionContext> context, std::shared_ptr<Connection> conn);
+  // Called once, on the connection's executor, when the replica's hello is
+  // accepted (authenticated where the pool has a secret).
+  void on_admitted(std::function<void()> admitted) { admitted_ = std::move(admitted); }
 
   PayloadAction on_data_header(const FrameHeader& header) override;
   void on_data(const FrameHeader& header, std::span<std::byte> payload) override;
@@ -44,6 +48,7 @@ class ReplicaSession final : public FrameHandler,
   void answer(std::shared_ptr<const wire::Control> error);
 
   const std::shared_ptr<SessionContext> context_;
+  std::function<void()> admitted_;
   const std::shared_ptr<Connection> conn_;
   const std::string peer_;
   std::optional<uint32_t> group_;  // the replica's group, once its hello is accepted

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -31,6 +32,9 @@ class WorkerSession final : public FrameHandler,
                             public std::enable_shared_from_this<WorkerSession> {
  public:
   WorkerSession(std::shared_ptr<SessionContext> context, std::shared_ptr<Connection> conn);
+  // Called once, on the connection's executor, when the stream has joined
+  // its job (authenticated where it must be).
+  void on_admitted(std::function<void()> admitted) { admitted_ = std::move(admitted); }
 
   // JobMember
   uint32_t rank() const override { return rank_; }
@@ -63,6 +67,7 @@ class WorkerSession final : public FrameHandler,
   static std::string identity(const wire::Hello& hello);
 
   const std::shared_ptr<SessionContext> context_;
+  std::function<void()> admitted_;
   const std::shared_ptr<Connection> conn_;
   const std::string peer_;
   std::shared_ptr<Job> job_;
