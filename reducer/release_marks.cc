@@ -77,8 +77,13 @@ std::optional<uint64_t> ReleaseMarks::job_release(bool announce) {
 }
 
 bool ReleaseMarks::raise_job(uint64_t op_below) {
-  if (op_below <= job_) return false;
-  job_ = op_below;
+  claimed_ = std::max(claimed_, op_below);
+  if (!group_known_) return false;
+  // An honest claim is at most this group's mark, or soon will be (its
+  // ranks are among those that have the results); the rest waits for it.
+  const uint64_t bound = std::min(claimed_, group_);
+  if (bound <= job_) return false;
+  job_ = bound;
   return true;
 }
 

@@ -47,7 +47,13 @@ class ReleaseMarks {
   // known, when it first is, when it advanced, and whenever `announce`.
   std::optional<uint64_t> job_release(bool announce);
   // A rank had Released `op_below` from another shard's reducer (which
-  // counted it while this one waits): whether the job's mark advanced.
+  // counted it while this one waits for a lost replica's group): whether
+  // the job's mark advanced. A claim is a peer's word: it raises the job's
+  // mark no higher than this group's own (every rank has those results,
+  // this group's included), and what is above waits for the group's mark
+  // to pass it; before the group's mark is known it raises nothing. So a
+  // rank that lies ends no op that its own group has not received.
+  // Called again with 0, it applies what was claimed up to the group's mark.
   bool raise_job(uint64_t op_below);
 
   uint64_t group_mark() const { return group_; }
@@ -74,6 +80,7 @@ class ReleaseMarks {
   std::vector<std::optional<uint64_t>> replica_marks_;  // by participant index
   uint64_t job_ = 0;
   bool job_known_ = false;
+  uint64_t claimed_ = 0;  // the highest Released a rank said it had had
 };
 
 }  // namespace tally
