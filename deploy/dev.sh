@@ -24,6 +24,8 @@ PACKAGES=(
   python3-pip python3-setuptools python3-wheel python3-venv
   # Metrics over HTTP; the chart checks (python3-yaml, helm unzipped from npm).
   prometheus-cpp-dev python3-yaml unzip
+  # promtool, which checks and unit-tests the chart's alerting rules.
+  prometheus
   # tally-bench --compare's peers: Gloo (PyTorch's CPU all-reduce) and Open MPI.
   libgloo-dev openmpi-bin libopenmpi-dev
 )

@@ -5,10 +5,13 @@ the objects: names and ports agree across Service, StatefulSet, probes and
 NOTES.txt; the objects validate against the Kubernetes API schemas
 (kubernetes-models, offline); the pod's command starts a pool of real tally-reducer processes
 (adapted to loopback) that answers /readyz; the schema and the template
-checks refuse bad values with a clear message.
+checks refuse bad values with a clear message. The alerting rules pass
+promtool's check and unit tests, and every metric the rules and the
+dashboard query is served by a live reducer.
 
 Environment: TALLY_HELM (the helm binary; default build/tools/helm, fetched
-if missing), TALLY_REDUCER (tally-reducer, for the start-up test).
+if missing), TALLY_REDUCER (tally-reducer, for the start-up and metric
+tests).
 """
 import json
 import os
@@ -362,7 +365,7 @@ def test_objects_validate_against_the_kubernetes_schemas(helm, values):
     )
     assert r.returncode == 0, r.stdout + r.stderr
     for kind, name in render(helm, values):
-        if kind != "ServiceMonitor":  # a CRD: not in kubernetes-models
+        if kind not in ("ServiceMonitor", "PrometheusRule"):  # CRDs: not in kubernetes-models
             assert f"valid {kind}/{name}" in r.stdout, r.stdout
 
 
@@ -455,3 +458,97 @@ def test_large_integers_render_as_integers(helm):
     script = reducer_script(statefulset(objs))
     assert "--memory-budget 68719476736 " in script
     assert "e+" not in script
+
+
+MONITORING = os.path.join(CHART, "monitoring")
+ALERTS = os.path.join(MONITORING, "alerts.yaml")
+DASHBOARD = os.path.join(MONITORING, "dashboard.json")
+
+
+def test_prometheus_rule_and_dashboard_carry_the_checked_files(helm):
+    objs = render(helm)
+    assert not any(k in ("PrometheusRule",) for k, _ in objs), "off by default"
+    objs = render(
+        helm,
+        sets=["prometheusRule.enabled=true", "grafanaDashboard.enabled=true"],
+    )
+    (rule,) = [o for (k, _), o in objs.items() if k == "PrometheusRule"]
+    with open(ALERTS) as f:
+        assert rule["spec"] == yaml.safe_load(f)
+    cm = objs[("ConfigMap", f"{RELEASE}-tally-dashboard")]
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    with open(DASHBOARD) as f:
+        assert json.loads(cm["data"]["tally.json"]) == json.load(f)
+
+
+def promtool():
+    path = shutil.which("promtool")
+    assert path, "promtool is missing (Debian's prometheus package; deploy/dev.sh setup)"
+    return path
+
+
+def test_alert_rules_pass_promtool_check_and_unit_tests():
+    for args in (
+        ["check", "rules", ALERTS],
+        ["test", "rules", os.path.join(os.path.dirname(__file__), "alerts_test.yaml")],
+    ):
+        r = subprocess.run([promtool(), *args], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, f"promtool {' '.join(args)}:\n{r.stdout}{r.stderr}"
+
+
+def queried_series():
+    """(metric, {label: value}) for every series selector in the alert rules
+    and the dashboard's queries."""
+    with open(ALERTS) as f:
+        exprs = [r["expr"] for g in yaml.safe_load(f)["groups"] for r in g["rules"]]
+    with open(DASHBOARD) as f:
+        exprs += [t["expr"] for p in json.load(f)["panels"] for t in p["targets"]]
+    assert exprs
+    found = []
+    for e in exprs:
+        for m in re.finditer(r"\b((?:tally|process)_[a-z0-9_]+)(\{[^}]*\})?", e):
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2) or ""))
+            found.append((m.group(1), labels))
+    return found
+
+
+def test_every_metric_the_alerts_and_dashboard_query_is_on_a_live_reducer(tmp_path):
+    reducer = os.environ.get("TALLY_REDUCER")
+    if not reducer or not os.access(reducer, os.X_OK):
+        pytest.skip("TALLY_REDUCER is not set to a tally-reducer binary")
+    ready = tmp_path / "ready"
+    p = subprocess.Popen(
+        [reducer, "--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"]
+        + ["--ready-file", str(ready), "--log-level", "warn"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not (ready.exists() and len(ready.read_text().splitlines()) >= 2):
+            assert p.poll() is None, "tally-reducer exited"
+            assert time.monotonic() < deadline, "tally-reducer did not get ready"
+            time.sleep(0.05)
+        http = ready.read_text().splitlines()[1].split()[1]
+        with urllib.request.urlopen(f"http://{http}/metrics", timeout=5) as r:
+            text = r.read().decode()
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.wait(timeout=30)
+    families = {}  # name -> type
+    samples = []  # (name, {label: value})
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split()
+            families[name] = kind
+        elif line and not line.startswith("#"):
+            m = re.match(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?", line)
+            samples.append((m.group(1), dict(re.findall(r'(\w+)="([^"]*)"', m.group(2) or ""))))
+    for name, labels in queried_series():
+        base = re.sub(r"_(bucket|sum|count)$", "", name)
+        assert name in families or families.get(base) == "histogram", f"{name} is not served"
+        if labels:
+            assert any(
+                n == name and all(have.get(k) == v for k, v in labels.items())
+                for n, have in samples
+            ), f"no {name} sample has {labels}"
