@@ -103,7 +103,10 @@ Result<std::unique_ptr<LocalPool>> LocalPool::start(const LocalPoolOptions& opti
   return pool;
 }
 
-Status LocalPoolOptions::require_secret(const std::string& path) {
+namespace {
+
+// A fresh random secret (hex) in `path`, mode 0600.
+Status write_secret(const std::string& path) {
   std::string hex;
   for (unsigned char c : make_nonce()) {
     static const char* digits = "0123456789abcdef";
@@ -114,9 +117,19 @@ Status LocalPoolOptions::require_secret(const std::string& path) {
   out << hex << "\n";
   out.close();
   if (!out || chmod(path.c_str(), 0600) != 0) {
-    return Status(ErrorCode::kUnavailable, "cannot write the job secret " + path);
+    return Status(ErrorCode::kUnavailable, "cannot write the secret " + path);
   }
-  extra_args.insert(extra_args.end(), {"--job-secret-file", path, "--require-auth"});
+  return Status::ok();
+}
+
+}  // namespace
+
+Status LocalPoolOptions::require_secret(const std::string& path) {
+  const std::string pool_path = path + ".pool";
+  TALLY_RETURN_IF_ERROR(write_secret(path));
+  TALLY_RETURN_IF_ERROR(write_secret(pool_path));
+  extra_args.insert(extra_args.end(),
+                    {"--job-secret-file", path, "--require-auth", "--pool-secret-file", pool_path});
   return Status::ok();
 }
 

@@ -134,6 +134,10 @@ int main(int argc, char** argv) {
   app.add_flag("--require-auth", options.require_auth,
                "refuse workers that do not authenticate with the job secret")
       ->envname("TALLY_REQUIRE_AUTH");
+  app.add_flag("--insecure-open-pool", options.insecure_open_pool,
+               "serve workers from any address without a job secret, and replicas without a "
+               "pool secret (by default, without one, only loopback addresses are served)")
+      ->envname("TALLY_INSECURE_OPEN_POOL");
   app.add_option("--tcp-congestion", options.connection.congestion_control,
                  "TCP congestion control of every stream (e.g. cubic; default: the system's)")
       ->envname("TALLY_TCP_CONGESTION");
@@ -268,11 +272,33 @@ int main(int argc, char** argv) {
     spdlog::error("cannot start: {}", reducer.status().to_string());
     return 1;
   }
-  if (!options.require_auth) {
+  const std::string bound = (*reducer)->address().to_string();
+  if (options.job_secret.empty() && !options.insecure_open_pool) {
+    spdlog::info(
+        "protected mode: no job secret, so workers are served from loopback addresses only "
+        "(give --job-secret-file, or --insecure-open-pool to serve any address without one)");
+  } else if (options.job_secret.empty()) {
+    spdlog::warn(
+        "--insecure-open-pool: no job secret, and anyone who reaches {} can join any job, read "
+        "its results and change them",
+        bound);
+  } else if (!options.require_auth) {
     spdlog::warn(
         "authentication is not required (--require-auth is off): anyone who reaches {} can join "
         "a job whose workers hold no secret",
-        (*reducer)->address().to_string());
+        bound);
+  }
+  if (options.group_count > 1 && options.pool_secret.empty()) {
+    if (options.insecure_open_pool) {
+      spdlog::warn(
+          "--insecure-open-pool: no pool secret, and anyone who reaches {} can speak as another "
+          "replica of shard {}",
+          bound, options.shard);
+    } else {
+      spdlog::info(
+          "protected mode: no pool secret, so replicas are served from loopback addresses only "
+          "(give --pool-secret-file, or --insecure-open-pool)");
+    }
   }
   const tally::ReducerIdentity identity{options.shard, options.shard_count, options.group,
                                         options.group_count, options.transport};

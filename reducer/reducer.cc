@@ -67,10 +67,19 @@ class InboundStream final : public FrameHandler,
   // Called once each: when the stream is admitted, and when it closes.
   using Event = std::function<void(const std::shared_ptr<InboundStream>&)>;
 
-  InboundStream(std::shared_ptr<Connection> conn, std::string source,
+  // What protected mode refuses a stream from its address (ReducerOptions::
+  // insecure_open_pool): workers for want of a job secret, replicas for want
+  // of a pool secret.
+  struct Refused {
+    bool workers = false;
+    bool replicas = false;
+  };
+
+  InboundStream(std::shared_ptr<Connection> conn, std::string source, Refused refused,
                 std::chrono::milliseconds hello_timeout, std::shared_ptr<ReducerCounters> counters,
                 Route route, Event admitted, Event closed)
       : source(std::move(source)),
+        refused_(refused),
         conn_(std::move(conn)),
         hello_timeout_(hello_timeout),
         counters_(std::move(counters)),
@@ -127,6 +136,20 @@ class InboundStream final : public FrameHandler,
   }
   void on_control(const wire::Control& message) override {
     if (!session_ && (message.has_hello() || message.has_replica_hello())) {
+      const bool replica = message.has_replica_hello();
+      if (replica ? refused_.replicas : refused_.workers) {
+        return reject_stream(
+            conn_,
+            Status(ErrorCode::kUnauthenticated,
+                   std::string(replica ? "replica" : "worker") + " stream from " + conn_->peer() +
+                       " refused: this reducer has no " + (replica ? "pool" : "job") +
+                       " secret, so it serves loopback addresses only (protected mode); give "
+                       "the reducers " +
+                       (replica ? "--pool-secret-file"
+                                : "--job-secret-file (and the workers "
+                                  "TALLY_SECRET_FILE)") +
+                       ", or start them with --insecure-open-pool"));
+      }
       hello_timer_->cancel();
       session_ = route_(message, conn_, [weak = weak_from_this()] {
         if (auto self = weak.lock()) self->admitted_(self);
@@ -161,6 +184,7 @@ class InboundStream final : public FrameHandler,
   }
 
  private:
+  const Refused refused_;
   const std::shared_ptr<Connection> conn_;
   const std::chrono::milliseconds hello_timeout_;
   const std::shared_ptr<ReducerCounters> counters_;
@@ -272,6 +296,17 @@ void Reducer::Impl::on_accept(asio::ip::tcp::socket socket) {
   const auto peer = socket.remote_endpoint(peer_error);
   if (peer_error) return;  // gone already; the socket closes with it
   const std::string source = peer.address().to_string();
+  // Protected mode: only loopback may speak without the secrets.
+  InboundStream::Refused refused;
+  if (!options.insecure_open_pool) {
+    auto address = peer.address();
+    if (address.is_v6() && address.to_v6().is_v4_mapped()) {
+      address = asio::ip::make_address_v4(asio::ip::v4_mapped, address.to_v6());
+    }
+    const bool local = address.is_loopback();
+    refused.workers = !local && options.job_secret.empty();
+    refused.replicas = !local && options.pool_secret.empty();
+  }
   {
     std::lock_guard lock(mu);
     if (!make_room_locked(source)) {
@@ -286,7 +321,7 @@ void Reducer::Impl::on_accept(asio::ip::tcp::socket socket) {
   auto conn = make_connection(fabric, std::move(socket), copts);
   std::weak_ptr<Impl> weak = shared_from_this();
   auto stream = std::make_shared<InboundStream>(
-      conn, source, options.hello_timeout, counters,
+      conn, source, refused, options.hello_timeout, counters,
       [weak](const wire::Control& first, std::shared_ptr<Connection> c,
              std::function<void()> admitted) -> std::shared_ptr<FrameHandler> {
         auto self = weak.lock();

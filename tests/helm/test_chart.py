@@ -13,6 +13,7 @@ Environment: TALLY_HELM (the helm binary; default build/tools/helm, fetched
 if missing), TALLY_REDUCER (tally-reducer, for the start-up and metric
 tests).
 """
+import base64
 import json
 import os
 import re
@@ -202,11 +203,11 @@ def test_notes_pool_matches_the_statefulset_and_service(helm, values):
     # Pod names <statefulset>-<ordinal> under the Service's domain are what
     # the pattern expands to.
     assert objs[("Service", name)]["metadata"]["name"] == name
-    # Without a secret the notes say the pool is open; with one, how workers get it.
-    secret = v.get("auth", {}).get("existingSecret", "")
-    assert ("WARNING: no auth.existingSecret" in text) == (not secret), text
-    if secret:
-        assert f"Secret {secret} in the workers and set TALLY_SECRET_FILE" in text, text
+    # The notes say how workers get the pool's Secret: the one given, or
+    # the one generated for the release.
+    secret = v.get("auth", {}).get("existingSecret", "") or f"{name}-auth"
+    assert "WARNING" not in text, text
+    assert f"Secret {secret} in the workers and set TALLY_SECRET_FILE" in text, text
 
 
 def test_auth_mounts_the_secret_and_requires_it(helm):
@@ -231,9 +232,38 @@ def test_auth_mounts_the_secret_and_requires_it(helm):
     )
     assert "--job-secret-file /etc/tally/auth/job-secret" in script
     assert "--require-auth" not in script and "--pool-secret-file" not in script
-    # No secret: none of it.
-    sts = statefulset(render(helm))
+    # No secret and none generated: none of it, and protected mode unless
+    # told otherwise.
+    sts = statefulset(render(helm, sets=["auth.generate=false"]))
     assert "secret" not in reducer_script(sts) and "volumes" not in sts["spec"]["template"]["spec"]
+    assert "--insecure-open-pool" not in reducer_script(sts)
+    sts = statefulset(render(helm, sets=["auth.generate=false", "auth.insecureOpenPool=true"]))
+    assert "--insecure-open-pool" in reducer_script(sts)
+
+
+def test_notes_warn_of_a_pool_without_a_secret(helm):
+    text = notes(helm, sets=["auth.generate=false"])
+    assert "serve loopback only and refuse every worker of another pod" in text, text
+    text = notes(helm, sets=["auth.generate=false", "auth.insecureOpenPool=true"])
+    assert "a stranger can join a job, read its results and change" in text, text
+
+
+def test_by_default_the_chart_generates_the_pools_secret_and_requires_it(helm):
+    objs = render(helm, sets=["groups=2"])
+    secret = objs[("Secret", f"{RELEASE}-tally-auth")]
+    assert secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    keys = {k: base64.b64decode(v) for k, v in secret["data"].items()}
+    assert sorted(keys) == ["job-secret", "pool-secret"]
+    assert all(len(v) == 48 for v in keys.values()) and keys["job-secret"] != keys["pool-secret"]
+    sts = statefulset(objs)
+    script = reducer_script(sts)
+    assert "--job-secret-file /etc/tally/auth/job-secret --require-auth" in script
+    assert "--pool-secret-file /etc/tally/auth/pool-secret" in script
+    (volume,) = sts["spec"]["template"]["spec"]["volumes"]
+    assert volume["secret"]["secretName"] == f"{RELEASE}-tally-auth"
+    assert f"Secret {RELEASE}-tally-auth in the workers" in notes(helm, sets=["groups=2"])
+    # An existing Secret: none generated.
+    assert not any(k == "Secret" for k, _ in render(helm, sets=["auth.existingSecret=s"]))
 
 
 def free_port():
@@ -331,9 +361,9 @@ def test_pod_command_starts_a_pool_that_gets_ready(helm, values, tmp_path):
             links = re.search(r"^tally_replica_links_up (\S+)$", text, re.M)
             assert float(links.group(1)) == v["groups"] - 1
             log = (tmp_path / f"reducer-{i}.log").read_text()
-            assert ("authentication is not required" in log) == (
-                not v.get("auth", {}).get("existingSecret")
-            ), log
+            # Every values file has a Secret (given or generated), required.
+            assert "authentication is not required" not in log, log
+            assert "protected mode" not in log and "insecure" not in log, log
     finally:
         for p in procs:
             p.send_signal(signal.SIGTERM)

@@ -7,8 +7,10 @@
 
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
 
 #include <chrono>
+#include <cstdio>
 #include <fstream>
 #include <memory>
 #include <optional>
@@ -57,19 +59,29 @@ class OffLoopback : public ::testing::TestWithParam<std::string> {
 
   // Starts tally-reducer in namespace a on the veth address; its address
   // ("10.231.n.1:port") once it listens, or "" (with a failure) if it does not.
-  std::string start_reducer() {
+  // With `secret` (as a pool reached off loopback needs, or it refuses those
+  // workers) it requires the job secret in secret_file(), which the workers
+  // are given.
+  std::string start_reducer(bool secret = true, const Args& extra = {}) {
     const std::string ready = net_->dir() + "/ready";
-    reducer_.emplace(net_->spawn_in(ns_a_, "reducer", TALLY_REDUCER_PATH,
-                                    {"--listen",          net_->ip_a() + ":0",
-                                     "--transport",       GetParam(),
-                                     "--ready-file",      ready,
-                                     "--heartbeat-ms",    std::to_string(kHeartbeat.count()),
-                                     "--peer-timeout-ms", std::to_string(kPeerTimeout.count()),
-                                     "--max-chunk-bytes", "4096",
-                                     "--memory-budget",   "1MiB",
-                                     "--window",          "4",
-                                     "--io-threads",      "2",
-                                     "--log-level",       "info"}));
+    std::remove(ready.c_str());  // a reducer started before in this test wrote one
+    Args args = {"--listen",          net_->ip_a() + ":0",
+                 "--transport",       GetParam(),
+                 "--ready-file",      ready,
+                 "--heartbeat-ms",    std::to_string(kHeartbeat.count()),
+                 "--peer-timeout-ms", std::to_string(kPeerTimeout.count()),
+                 "--max-chunk-bytes", "4096",
+                 "--memory-budget",   "1MiB",
+                 "--window",          "4",
+                 "--io-threads",      "2",
+                 "--log-level",       "info"};
+    if (secret) {
+      std::ofstream(secret_file()) << "netns-" << std::string(32, 's') << "\n";
+      chmod(secret_file().c_str(), 0600);
+      args.insert(args.end(), {"--job-secret-file", secret_file(), "--require-auth"});
+    }
+    args.insert(args.end(), extra.begin(), extra.end());
+    reducer_.emplace(net_->spawn_in(ns_a_, "reducer", TALLY_REDUCER_PATH, args));
     std::string address;
     const bool up = eventually(
         [&] {
@@ -86,6 +98,7 @@ class OffLoopback : public ::testing::TestWithParam<std::string> {
   }
 
   std::string reducer_log() const { return reducer_ ? reducer_->err() : ""; }
+  std::string secret_file() const { return net_->dir() + "/job.secret"; }
 
   // Starts rank `rank` of `job` in namespace b, against the reducer at `pool`.
   Child& spawn_worker(const std::string& name, const std::string& pool, const std::string& job,
@@ -99,7 +112,8 @@ class OffLoopback : public ::testing::TestWithParam<std::string> {
                {"TALLY_CONNECT_TIMEOUT_MS", "10000"},
                {"TALLY_HEARTBEAT_MS", std::to_string(kHeartbeat.count())},
                {"TALLY_PEER_TIMEOUT_MS", std::to_string(kPeerTimeout.count())},
-               {"TALLY_TRANSPORT", GetParam()}};
+               {"TALLY_TRANSPORT", GetParam()},
+               {"TALLY_SECRET_FILE", secret_file()}};
     for (auto& [name, value] : extra) env[name] = value;
     workers_.push_back(
         std::make_unique<Child>(net_->spawn_in(ns_b_, name, TALLY_TEST_WORKER_PATH, args, env)));
@@ -172,6 +186,34 @@ TEST_P(OffLoopback, ExactSumsAcrossAVethPair) {
   if (GetParam() == "fabric") {
     EXPECT_TRUE(contains(log, "bound to " + net_->ip_a())) << log;
   }
+  expect_clean_stop();
+}
+
+// Without a job secret a reducer is in protected mode: a worker from
+// another host (namespace) is refused at its hello, told why and what
+// fixes it, and --insecure-open-pool serves it.
+TEST_P(OffLoopback, ProtectedModeRefusesWorkersFromAnotherHostNamingTheFix) {
+  const std::string pool = start_reducer(/*secret=*/false);
+  ASSERT_FALSE(pool.empty());
+  EXPECT_TRUE(contains(reducer_log(), "protected mode: no job secret")) << reducer_log();
+  Child& refused = spawn_worker("refused", pool, unique_job("protected"), 0, 1,
+                                {"--count", "16", "--ops", "1"}, {{"TALLY_SECRET_FILE", ""}});
+  std::string out;
+  EXPECT_NE(refused.wait(30s, &out), std::optional<int>(0)) << out;
+  EXPECT_TRUE(contains(out,
+                       "this reducer has no job secret, so it serves loopback addresses only "
+                       "(protected mode)") &&
+              contains(out, "--insecure-open-pool"))
+      << out;
+  expect_clean_stop();
+  const std::string open = start_reducer(/*secret=*/false, {"--insecure-open-pool"});
+  ASSERT_FALSE(open.empty());
+  EXPECT_TRUE(
+      contains(reducer_log(), "--insecure-open-pool: no job secret, and anyone who reaches"))
+      << reducer_log();
+  Child& served = spawn_worker("served", open, unique_job("open"), 0, 1,
+                               {"--count", "16", "--ops", "1"}, {{"TALLY_SECRET_FILE", ""}});
+  EXPECT_EQ(served.wait(30s, &out), std::optional<int>(0)) << out << reducer_log();
   expect_clean_stop();
 }
 

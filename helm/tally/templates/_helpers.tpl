@@ -87,3 +87,15 @@ two <= G, F = 0 with one group (docs/configuration.md).
 {{- define "tally.memory" -}}
 {{- add (int64 .Values.memoryBudgetBytes) (int64 .Values.memoryOverheadBytes) -}}
 {{- end -}}
+
+{{/*
+The Secret the pool authenticates with: auth.existingSecret, or the one the
+chart generates for the release (auth.generate), or "" for none.
+*/}}
+{{- define "tally.authSecret" -}}
+{{- if .Values.auth.existingSecret -}}
+{{- .Values.auth.existingSecret -}}
+{{- else if .Values.auth.generate -}}
+{{- printf "%s-auth" (include "tally.fullname" .) -}}
+{{- end -}}
+{{- end -}}

@@ -36,8 +36,10 @@ struct LocalPoolOptions {
   // there; `lab` must outlive the pool.
   void place_in(const Netlab& lab, uint32_t first_host);
   // Writes a fresh random job secret (hex, mode 0600) to `path` and makes
-  // every reducer require it (--job-secret-file, --require-auth): a local
-  // pool runs as a pool should. Its workers take `path` as TALLY_SECRET_FILE.
+  // every reducer require it (--job-secret-file, --require-auth), and
+  // another to `path`.pool for the replica links (--pool-secret-file): a
+  // local pool runs as a pool should, on any address. Its workers take
+  // `path` as TALLY_SECRET_FILE.
   Status require_secret(const std::string& path);
 };
 

@@ -61,6 +61,10 @@ struct ReducerOptions {
   bool require_auth = false;
   // Replicas of a shard authenticate their links with the pool secret.
   Secret pool_secret;
+  // Protected mode, unless set: without a job secret, worker streams are
+  // served from loopback addresses only, and without a pool secret, replica
+  // streams too; from elsewhere they are refused with the reason.
+  bool insecure_open_pool = false;
   // Open streams (workers, replicas, and streams not yet admitted), so a
   // flood of sockets cannot take every descriptor the reducer has. A new
   // stream past it cuts the oldest one not yet admitted (no hello, or one
