@@ -241,6 +241,20 @@ def test_auth_mounts_the_secret_and_requires_it(helm):
     assert "--insecure-open-pool" in reducer_script(sts)
 
 
+def test_the_network_policy_is_on_by_default_and_admits_the_namespace(helm):
+    objs = render(helm)
+    (np,) = [o for (k, _), o in objs.items() if k == "NetworkPolicy"]
+    data, http = np["spec"]["ingress"]
+    pool_pods, workers = data["from"]
+    assert "namespaceSelector" not in pool_pods and "namespaceSelector" not in workers
+    assert workers["podSelector"] == {}  # the release's namespace only
+    (scrapers,) = http["from"]
+    assert scrapers["namespaceSelector"] == {} and scrapers["podSelector"] == {}  # any namespace
+    assert not any(
+        k == "NetworkPolicy" for k, _ in render(helm, sets=["networkPolicy.enabled=false"])
+    )
+
+
 def test_notes_warn_of_a_pool_without_a_secret(helm):
     text = notes(helm, sets=["auth.generate=false"])
     assert "serve loopback only and refuse every worker of another pod" in text, text
