@@ -78,7 +78,7 @@ struct PhaseOptions {
   std::string log_level = "warn";
   LocalPool* local = nullptr;   // the pool this driver started, if any (not owned)
   const Netlab* lab = nullptr;  // --netlab: worker r runs on host r (not owned)
-  std::string secret_file;      // the local pool's job secret (TALLY_SECRET_FILE), if any
+  std::string secret_file;      // the local pool's job secret (TALLY_JOB_SECRET_FILE), if any
   std::string tcp_congestion;   // TALLY_TCP_CONGESTION for the workers, if set
   std::string link_rate;        // TALLY_LINK_RATE for the workers, if set
   std::chrono::steady_clock::time_point deadline;
@@ -160,7 +160,7 @@ int run_phase(const Phase& phase, const PhaseOptions& options) {
                 {"TALLY_TRANSPORT", phase.transport}};
     if (!options.fabric_provider.empty())
       spec.env["TALLY_FABRIC_PROVIDER"] = options.fabric_provider;
-    if (!options.secret_file.empty()) spec.env["TALLY_SECRET_FILE"] = options.secret_file;
+    if (!options.secret_file.empty()) spec.env["TALLY_JOB_SECRET_FILE"] = options.secret_file;
     if (!options.tcp_congestion.empty()) spec.env["TALLY_TCP_CONGESTION"] = options.tcp_congestion;
     if (!options.link_rate.empty()) spec.env["TALLY_LINK_RATE"] = options.link_rate;
     if (r == 0) spec.stdout_path = phase.stdout_path;

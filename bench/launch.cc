@@ -106,7 +106,7 @@ int run_launch(const LaunchOptions& o) {
                 {"TALLY_POOL", (*pool)->pool_string()},
                 {"TALLY_GROUPS", std::to_string(o.groups)},
                 {"TALLY_JOB", "run-" + std::to_string(getpid())},
-                {"TALLY_SECRET_FILE", secret}};
+                {"TALLY_JOB_SECRET_FILE", secret}};
     // In the lab a rank reaches the others through its host's eth0; gloo
     // (torch.distributed's CPU backend) would otherwise pick the address its
     // hostname resolves to, 127.0.0.1, which is the rank's own namespace.
@@ -146,7 +146,7 @@ int launch_main(int argc, char** argv) {
   LaunchOptions o;
   CLI::App app{
       "tally-bench run: runs a command as W ranks (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT "
-      "as torchrun sets them) beside a local pool (TALLY_POOL, TALLY_JOB, TALLY_SECRET_FILE), "
+      "as torchrun sets them) beside a local pool (TALLY_POOL, TALLY_JOB, TALLY_JOB_SECRET_FILE), "
       "each rank and reducer on a host of its own with --netlab"};
   app.add_option("-W,--workers", o.workers, "ranks")
       ->capture_default_str()

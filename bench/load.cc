@@ -304,7 +304,7 @@ int run_load(const LoadOptions& o) {
                   {"TALLY_WORLD_SIZE", std::to_string(o.workers)},
                   {"TALLY_GROUPS", std::to_string(o.groups)},
                   {"TALLY_OP_TIMEOUT_MS", std::to_string(o.op_timeout_ms)}};
-      if (!secret_file.empty()) spec.env["TALLY_SECRET_FILE"] = secret_file;
+      if (!secret_file.empty()) spec.env["TALLY_JOB_SECRET_FILE"] = secret_file;
       spec.stderr_path = scratch.path() + "/" + tag + ".log";
       if (lab) lab->place(job.index * o.workers + r, spec);
       auto p = Process::spawn(spec);

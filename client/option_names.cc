@@ -1,11 +1,14 @@
 #include "tally/client/option_names.h"
 
+#include <spdlog/spdlog.h>
+
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cctype>
 #include <charconv>
 #include <cstdlib>
 #include <limits>
+#include <mutex>
 #include <string>
 
 #include "tally/protocol/auth.h"
@@ -180,6 +183,29 @@ Status set_secret_file(ClientOptions& o, std::string_view name, std::string_view
   return Status::ok();
 }
 
+// TALLY_SECRET and TALLY_SECRET_FILE, the workers' older names of the job
+// secret: still read, with a warning once per process naming the one
+// the reducer reads too.
+void warn_older_name(std::string_view name) {
+  static std::once_flag once;
+  std::call_once(once, [name] {
+    spdlog::warn(
+        "{} is an older name, still read: name the job secret TALLY_JOB_SECRET_FILE (or "
+        "TALLY_JOB_SECRET), as the reducers do",
+        name);
+  });
+}
+
+Status set_older_secret(ClientOptions& o, std::string_view name, std::string_view value) {
+  warn_older_name(name);
+  return set_secret(o, name, value);
+}
+
+Status set_older_secret_file(ClientOptions& o, std::string_view name, std::string_view value) {
+  warn_older_name(name);
+  return set_secret_file(o, name, value);
+}
+
 struct Option {
   std::string_view name;
   Setter set;
@@ -187,7 +213,8 @@ struct Option {
 
 // Every client option, in the order the environment is applied: of two
 // names for one option, the later wins (TALLY_FABRIC_PROVIDER over
-// FI_PROVIDER, TALLY_SECRET_FILE over TALLY_SECRET).
+// FI_PROVIDER, a file over the secret itself, the job secret's names over
+// their older ones).
 const std::vector<Option>& options_table() {
   static const std::vector<Option> table{
       {"TALLY_POOL", set_pool},
@@ -212,8 +239,10 @@ const std::vector<Option>& options_table() {
       {"TALLY_WIRE_DTYPE", set_wire_dtype},
       {"TALLY_WIRE_RESULT", set_wire_result},
       {"TALLY_RESUME_BYTES", set_bytes<&ClientOptions::resume_bytes>},
-      {"TALLY_SECRET", set_secret},
-      {"TALLY_SECRET_FILE", set_secret_file},
+      {"TALLY_SECRET", set_older_secret},
+      {"TALLY_SECRET_FILE", set_older_secret_file},
+      {"TALLY_JOB_SECRET", set_secret},
+      {"TALLY_JOB_SECRET_FILE", set_secret_file},
   };
   return table;
 }

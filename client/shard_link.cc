@@ -134,7 +134,7 @@ void ShardLink::on_control(const wire::Control& message) {
       Status why(ErrorCode::kUnauthenticated,
                  "reducer " + address_.to_string() +
                      " asks this worker to authenticate, but it has no job secret (set "
-                     "TALLY_SECRET_FILE or TALLY_SECRET)");
+                     "TALLY_JOB_SECRET_FILE or TALLY_JOB_SECRET)");
       settle(why);
       return conn_->close(why);
     }

@@ -38,7 +38,7 @@ Status Job::check_replica_settings(const wire::ReplicaJob& replica, const std::s
                   "job '" + name() + "' is " + (settings_.authenticated ? "" : "not ") +
                       "authenticated on " + replica_name() + " but " +
                       (replica.authenticated() ? "" : "not ") + "on " + who +
-                      " (give every rank the same TALLY_SECRET_FILE or TALLY_SECRET)");
+                      " (give every rank the same TALLY_JOB_SECRET_FILE or TALLY_JOB_SECRET)");
   }
   return Status::ok();
 }

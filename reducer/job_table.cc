@@ -80,7 +80,7 @@ Result<std::shared_ptr<Job>> JobTable::admit(const wire::Hello& hello, bool auth
                     who + " of job '" + hello.job() + "' " +
                         (authenticated ? "authenticated, but the job's other ranks did not"
                                        : "did not authenticate, but the job's other ranks did") +
-                        " (give every rank the same TALLY_SECRET_FILE or TALLY_SECRET)");
+                        " (give every rank the same TALLY_JOB_SECRET_FILE or TALLY_JOB_SECRET)");
     }
     if (job->settings().world_size != hello.world_size()) {
       return Status(ErrorCode::kMismatch,

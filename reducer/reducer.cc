@@ -147,7 +147,7 @@ class InboundStream final : public FrameHandler,
                        "the reducers " +
                        (replica ? "--pool-secret-file"
                                 : "--job-secret-file (and the workers "
-                                  "TALLY_SECRET_FILE)") +
+                                  "TALLY_JOB_SECRET_FILE)") +
                        ", or start them with --insecure-open-pool"));
       }
       hello_timer_->cancel();

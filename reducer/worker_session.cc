@@ -159,7 +159,7 @@ void WorkerSession::on_hello(const wire::Hello& hello) {
                         "worker " + peer_ +
                             " asks to authenticate with a job secret, but this reducer has none "
                             "(start it with --job-secret-file, or unset the workers' "
-                            "TALLY_SECRET_FILE/TALLY_SECRET)"));
+                            "TALLY_JOB_SECRET_FILE/TALLY_JOB_SECRET)"));
     }
     if (hello.auth_nonce().size() != kAuthNonceBytes) {
       return reject_stream(
@@ -175,10 +175,10 @@ void WorkerSession::on_hello(const wire::Hello& hello) {
     return;
   }
   if (o.require_auth) {
-    return reject_stream(conn_,
-                         Status(ErrorCode::kUnauthenticated,
-                                "this reducer serves authenticated jobs only: give the "
-                                "workers the job secret (TALLY_SECRET_FILE or TALLY_SECRET)"));
+    return reject_stream(
+        conn_, Status(ErrorCode::kUnauthenticated,
+                      "this reducer serves authenticated jobs only: give the "
+                      "workers the job secret (TALLY_JOB_SECRET_FILE or TALLY_JOB_SECRET)"));
   }
   admit(hello, false);
 }
@@ -198,8 +198,8 @@ void WorkerSession::on_auth_response(const wire::AuthResponse& response) {
         Status(ErrorCode::kUnauthenticated,
                "authentication failed for rank " + std::to_string(hello->rank()) + " of job '" +
                    utf8_prefix(hello->job(), kMaxJobNameBytes) + "' from " + peer_ +
-                   ": its job secret is not this reducer's (check TALLY_SECRET_FILE or "
-                   "TALLY_SECRET against the reducer's --job-secret-file)"));
+                   ": its job secret is not this reducer's (check TALLY_JOB_SECRET_FILE or "
+                   "TALLY_JOB_SECRET against the reducer's --job-secret-file)"));
   }
   admit(*hello, true);
 }

@@ -165,6 +165,32 @@ TEST(OptionNames, ByteCountsTakeSizeSuffixes) {
   EXPECT_EQ(o.chunk_bytes, 64u << 10);  // unchanged
 }
 
+// The job secret has the reducer's name on the workers too
+// (TALLY_JOB_SECRET, TALLY_JOB_SECRET_FILE); the older TALLY_SECRET names
+// are still read, and lose to the new ones.
+TEST(OptionNames, TheJobSecretHasTheReducersNameAndTheOlderOneIsStillRead) {
+  const std::string older(32, 'o'), newer(32, 'n');
+  {
+    ScopedEnv env({{"TALLY_POOL", "127.0.0.1:7070"},
+                   {"TALLY_JOB", "j"},
+                   {"TALLY_RANK", "0"},
+                   {"TALLY_WORLD_SIZE", "1"},
+                   {"TALLY_SECRET", older}});
+    auto o = client_options_from_env();
+    ASSERT_TRUE(o) << o.status().to_string();
+    EXPECT_EQ(o->secret.bytes(), older);
+  }
+  ScopedEnv env({{"TALLY_POOL", "127.0.0.1:7070"},
+                 {"TALLY_JOB", "j"},
+                 {"TALLY_RANK", "0"},
+                 {"TALLY_WORLD_SIZE", "1"},
+                 {"TALLY_SECRET", older},
+                 {"TALLY_JOB_SECRET", newer}});
+  auto o = client_options_from_env();
+  ASSERT_TRUE(o) << o.status().to_string();
+  EXPECT_EQ(o->secret.bytes(), newer);
+}
+
 TEST(OptionNames, UnknownNameIsNamed) {
   ClientOptions o;
   Status s = set_client_option(o, "TALLY_POOLS", "a:1");

@@ -207,7 +207,7 @@ def test_notes_pool_matches_the_statefulset_and_service(helm, values):
     # the one generated for the release.
     secret = v.get("auth", {}).get("existingSecret", "") or f"{name}-auth"
     assert "WARNING" not in text, text
-    assert f"Secret {secret} in the workers and set TALLY_SECRET_FILE" in text, text
+    assert f"Secret {secret} in the workers and set TALLY_JOB_SECRET_FILE" in text, text
 
 
 def test_auth_mounts_the_secret_and_requires_it(helm):

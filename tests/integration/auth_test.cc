@@ -53,8 +53,9 @@ TEST(Auth, WorkersWithTheSecretRunAndTheReducerProvesItToo) {
   spec.shards = 2;
   AuthPool pool(spec);
   ASSERT_TRUE(pool.cluster->ok()) << pool.cluster->error();
-  expect_allreduce_works(*pool.cluster, 3, "auth-ok", {{"TALLY_SECRET_FILE", pool.secret_file}});
-  expect_allreduce_works(*pool.cluster, 2, "auth-env", {{"TALLY_SECRET", kSecret}});
+  expect_allreduce_works(*pool.cluster, 3, "auth-ok",
+                         {{"TALLY_JOB_SECRET_FILE", pool.secret_file}});
+  expect_allreduce_works(*pool.cluster, 2, "auth-env", {{"TALLY_JOB_SECRET", kSecret}});
   // The secret is never logged.
   EXPECT_FALSE(contains(pool.cluster->reducer_log(0), kSecret));
 }
@@ -62,7 +63,7 @@ TEST(Auth, WorkersWithTheSecretRunAndTheReducerProvesItToo) {
 TEST(Auth, AWrongSecretIsRefusedNamingTheCause) {
   AuthPool pool(PoolSpec{});
   ASSERT_TRUE(pool.cluster->ok()) << pool.cluster->error();
-  auto out = run_one(*pool.cluster, {{"TALLY_SECRET", kOtherSecret}}, 20s);
+  auto out = run_one(*pool.cluster, {{"TALLY_JOB_SECRET", kOtherSecret}}, 20s);
   EXPECT_EQ(out.exit_code, 2) << out.out;  // connect failed
   EXPECT_TRUE(contains(out.out, "unauthenticated")) << out.out;
   EXPECT_TRUE(contains(out.out, "its job secret is not this reducer's")) << out.out;
@@ -82,7 +83,7 @@ TEST(Auth, RequireAuthRefusesWorkersWithoutASecret) {
 TEST(Auth, AWorkerWithASecretRefusesAReducerWithout) {
   TestCluster cluster(PoolSpec{});
   ASSERT_TRUE(cluster.ok()) << cluster.error();
-  auto out = run_one(cluster, {{"TALLY_SECRET", kSecret}}, 20s);
+  auto out = run_one(cluster, {{"TALLY_JOB_SECRET", kSecret}}, 20s);
   EXPECT_EQ(out.exit_code, 2) << out.out;
   EXPECT_TRUE(contains(out.out, "unauthenticated")) << out.out;
   EXPECT_TRUE(contains(out.out, "this reducer has none")) << out.out;
@@ -99,7 +100,7 @@ TEST(Auth, AStrangerLearnsNothingAndTakesNoRank) {
   TestCluster& cluster = *pool.cluster;
   auto env_of = [&](uint32_t rank) {
     auto env = cluster.worker_env(job, rank, 2);
-    env["TALLY_SECRET_FILE"] = pool.secret_file;
+    env["TALLY_JOB_SECRET_FILE"] = pool.secret_file;
     return env;
   };
   const Args args{"--count", "1009", "--ops", "3"};
@@ -162,7 +163,8 @@ TEST(Auth, StrangersAtTheConnectionCapDoNotKeepAnAuthenticatedJobOut) {
   EXPECT_TRUE(eventually([&] { return opened.load() >= 48; }, 20s)) << pool.cluster->reducer_log(0);
   EXPECT_TRUE(contains(pool.cluster->reducer_log(0), "--max-connections limit"))
       << pool.cluster->reducer_log(0);
-  expect_allreduce_works(*pool.cluster, 3, "at-the-cap", {{"TALLY_SECRET_FILE", pool.secret_file}});
+  expect_allreduce_works(*pool.cluster, 3, "at-the-cap",
+                         {{"TALLY_JOB_SECRET_FILE", pool.secret_file}});
   stop = true;
   strangers.join();
 }

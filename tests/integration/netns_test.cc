@@ -113,7 +113,7 @@ class OffLoopback : public ::testing::TestWithParam<std::string> {
                {"TALLY_HEARTBEAT_MS", std::to_string(kHeartbeat.count())},
                {"TALLY_PEER_TIMEOUT_MS", std::to_string(kPeerTimeout.count())},
                {"TALLY_TRANSPORT", GetParam()},
-               {"TALLY_SECRET_FILE", secret_file()}};
+               {"TALLY_JOB_SECRET_FILE", secret_file()}};
     for (auto& [name, value] : extra) env[name] = value;
     workers_.push_back(
         std::make_unique<Child>(net_->spawn_in(ns_b_, name, TALLY_TEST_WORKER_PATH, args, env)));
@@ -197,7 +197,7 @@ TEST_P(OffLoopback, ProtectedModeRefusesWorkersFromAnotherHostNamingTheFix) {
   ASSERT_FALSE(pool.empty());
   EXPECT_TRUE(contains(reducer_log(), "protected mode: no job secret")) << reducer_log();
   Child& refused = spawn_worker("refused", pool, unique_job("protected"), 0, 1,
-                                {"--count", "16", "--ops", "1"}, {{"TALLY_SECRET_FILE", ""}});
+                                {"--count", "16", "--ops", "1"}, {{"TALLY_JOB_SECRET_FILE", ""}});
   std::string out;
   EXPECT_NE(refused.wait(30s, &out), std::optional<int>(0)) << out;
   EXPECT_TRUE(contains(out,
@@ -212,7 +212,7 @@ TEST_P(OffLoopback, ProtectedModeRefusesWorkersFromAnotherHostNamingTheFix) {
       contains(reducer_log(), "--insecure-open-pool: no job secret, and anyone who reaches"))
       << reducer_log();
   Child& served = spawn_worker("served", open, unique_job("open"), 0, 1,
-                               {"--count", "16", "--ops", "1"}, {{"TALLY_SECRET_FILE", ""}});
+                               {"--count", "16", "--ops", "1"}, {{"TALLY_JOB_SECRET_FILE", ""}});
   EXPECT_EQ(served.wait(30s, &out), std::optional<int>(0)) << out << reducer_log();
   expect_clean_stop();
 }

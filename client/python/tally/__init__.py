@@ -100,8 +100,8 @@ _KEYWORDS = {
     "resume_bytes": "TALLY_RESUME_BYTES",
     "tcp_congestion": "TALLY_TCP_CONGESTION",
     "link_rate": "TALLY_LINK_RATE",
-    "secret": "TALLY_SECRET",
-    "secret_file": "TALLY_SECRET_FILE",
+    "secret": "TALLY_JOB_SECRET",
+    "secret_file": "TALLY_JOB_SECRET_FILE",
 }
 _NAMES = {v: k for k, v in _KEYWORDS.items()}
 

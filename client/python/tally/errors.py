@@ -92,7 +92,7 @@ class InternalError(Error):
 
 
 class UnauthenticatedError(Error, PermissionError):
-    """A missing or wrong job secret (TALLY_SECRET, TALLY_SECRET_FILE), or a
+    """A missing or wrong job secret (TALLY_JOB_SECRET, TALLY_JOB_SECRET_FILE), or a
     reducer that could not prove it holds it."""
 
     code, code_name = 13, "unauthenticated"

@@ -39,7 +39,7 @@ struct LocalPoolOptions {
   // every reducer require it (--job-secret-file, --require-auth), and
   // another to `path`.pool for the replica links (--pool-secret-file): a
   // local pool runs as a pool should, on any address. Its workers take
-  // `path` as TALLY_SECRET_FILE.
+  // `path` as TALLY_JOB_SECRET_FILE.
   Status require_secret(const std::string& path);
 };
 

@@ -84,7 +84,7 @@ struct ClientOptions {
   // (libfabric tagged messages; control stays on TCP). The pool must serve it.
   std::string transport = "tcp";
   FabricOptions fabric;
-  // The job secret (TALLY_SECRET_FILE, TALLY_SECRET): when set, the worker
+  // The job secret (TALLY_JOB_SECRET_FILE, TALLY_JOB_SECRET): when set, the worker
   // authenticates to every reducer with it and requires each reducer to
   // prove it holds it too. Never logged, never sent.
   Secret secret;
@@ -116,7 +116,7 @@ struct ClientOptions {
 // TALLY_CONNECT_TIMEOUT_MS, TALLY_HEARTBEAT_MS, TALLY_PEER_TIMEOUT_MS,
 // TALLY_TRANSPORT, TALLY_FABRIC_PROVIDER (else FI_PROVIDER),
 // TALLY_FABRIC_FORCE_REGISTRATION, TALLY_FABRIC_MAX_MSG_BYTES,
-// TALLY_WIRE_DTYPE, TALLY_WIRE_RESULT, TALLY_SECRET, TALLY_SECRET_FILE,
+// TALLY_WIRE_DTYPE, TALLY_WIRE_RESULT, TALLY_JOB_SECRET, TALLY_JOB_SECRET_FILE,
 // TALLY_RESUME_BYTES (docs/configuration.md). Errors: kInvalidArgument naming the variable.
 Result<ClientOptions> client_options_from_env();
 // Checks the options; the same checks connect() applies.
