@@ -1,5 +1,6 @@
 // The daemon: options, I/O threads, the listener, the sweep timer and
-// shutdown. Each accepted stream is routed by its first message to a
+// shutdown. Each accepted stream (an InboundStream, let in by
+// StreamAdmission: inbound_stream.h) is routed by its first message to a
 // WorkerSession (a Hello) or a ReplicaSession (a ReplicaHello); jobs live
 // in the JobTable, the other replicas of this shard in Replicas.
 #include "tally/reducer/reducer.h"
@@ -12,12 +13,10 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
-#include <deque>
 #include <future>
 #include <mutex>
 #include <optional>
 #include <thread>
-#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -25,8 +24,8 @@
 #include "tally/protocol/chunking.h"
 #include "tally/protocol/connection_factory.h"
 #include "tally/protocol/control.h"
-#include "tally/protocol/log_limiter.h"
 #include "tally/protocol/version.h"
+#include "tally/reducer/inbound_stream.h"
 #include "tally/reducer/job_table.h"
 #include "tally/reducer/replica_session.h"
 #include "tally/reducer/replicas.h"
@@ -49,156 +48,6 @@ constexpr std::chrono::milliseconds kStalledSweep{5000};
 // bounded whatever its peers do (docs/architecture.md, "Memory").
 constexpr size_t kReducerControlBudgetBytes = 32u << 20;
 
-namespace {
-
-// A stream this reducer accepted. Until its first message it belongs to no
-// one: a stream that has not said hello within the hello timeout is closed
-// (heartbeats alone do not keep it). Its first Hello or ReplicaHello hands
-// it to the session that serves it, to which every later callback goes.
-// Lives on its connection's executor; close() may be called from any thread.
-class InboundStream final : public FrameHandler,
-                            public std::enable_shared_from_this<InboundStream> {
- public:
-  // Makes the session for a stream whose first message is `first`; the
-  // session calls `admitted` once it has joined a job or replica link.
-  using Route = std::function<std::shared_ptr<FrameHandler>(const wire::Control& first,
-                                                            std::shared_ptr<Connection> conn,
-                                                            std::function<void()> admitted)>;
-  // Called once each: when the stream is admitted, and when it closes.
-  using Event = std::function<void(const std::shared_ptr<InboundStream>&)>;
-
-  // What protected mode refuses a stream from its address (ReducerOptions::
-  // insecure_open_pool): workers for want of a job secret, replicas for want
-  // of a pool secret.
-  struct Refused {
-    bool workers = false;
-    bool replicas = false;
-  };
-
-  InboundStream(std::shared_ptr<Connection> conn, std::string source, Refused refused,
-                std::chrono::milliseconds hello_timeout, std::shared_ptr<ReducerCounters> counters,
-                Route route, Event admitted, Event closed)
-      : source(std::move(source)),
-        refused_(refused),
-        conn_(std::move(conn)),
-        hello_timeout_(hello_timeout),
-        counters_(std::move(counters)),
-        route_(std::move(route)),
-        admitted_(std::move(admitted)),
-        closed_(std::move(closed)) {}
-
-  // The peer's address, which its streams not yet admitted are counted by.
-  const std::string source;
-  // Kept by Reducer::Impl under its mutex: the stream is not admitted yet
-  // (no hello, or a hello not yet authenticated or joined), and it was cut
-  // to make room for a newer one.
-  bool pending = true;
-  bool evicted = false;
-
-  void start() {
-    conn_->start(shared_from_this());
-    hello_timer_.emplace(conn_->executor(), hello_timeout_);
-    hello_timer_->async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
-      if (ec || self->session_) return;
-      reject_stream(self->conn_, Status(ErrorCode::kTimeout,
-                                        "no hello from " + self->conn_->peer() + " within " +
-                                            std::to_string(self->hello_timeout_.count()) + " ms"));
-    });
-  }
-  // Tells the peer why, then closes once that is written.
-  void close(const Status& why) {
-    asio::post(conn_->executor(),
-               [self = shared_from_this(), why] { close_with_error(self->conn_, why); });
-  }
-  // Closes without a word: a worker cut before its Welcome dials again, as
-  // after a reducer that died mid-handshake.
-  void cut(const Status& why) {
-    asio::post(conn_->executor(), [self = shared_from_this(), why] { self->conn_->close(why); });
-  }
-
-  PayloadAction on_data_header(const FrameHeader& h) override {
-    if (session_) {
-      PayloadAction action = session_->on_data_header(h);
-      // A paused stream is offered the same header again after resume().
-      const bool paused = action.kind == PayloadAction::Kind::kPause;
-      if (paused != paused_) {
-        paused_ = paused;
-        counters_->streams_paused.fetch_add(paused ? 1 : -1, std::memory_order_relaxed);
-        if (paused) counters_->stream_pauses.fetch_add(1, std::memory_order_relaxed);
-      }
-      return action;
-    }
-    return PayloadAction::close(
-        Status(ErrorCode::kProtocol, "data frame from " + conn_->peer() + " before its hello"));
-  }
-  void on_data(const FrameHeader& h, std::span<std::byte> payload) override {
-    if (session_) session_->on_data(h, payload);
-  }
-  void on_control(const wire::Control& message) override {
-    if (!session_ && (message.has_hello() || message.has_replica_hello())) {
-      const bool replica = message.has_replica_hello();
-      if (replica ? refused_.replicas : refused_.workers) {
-        return reject_stream(
-            conn_,
-            Status(ErrorCode::kUnauthenticated,
-                   std::string(replica ? "replica" : "worker") + " stream from " + conn_->peer() +
-                       " refused: this reducer has no " + (replica ? "pool" : "job") +
-                       " secret, so it serves loopback addresses only (protected mode); give "
-                       "the reducers " +
-                       (replica ? "--pool-secret-file"
-                                : "--job-secret-file (and the workers "
-                                  "TALLY_JOB_SECRET_FILE)") +
-                       ", or start them with --insecure-open-pool"));
-      }
-      hello_timer_->cancel();
-      session_ = route_(message, conn_, [weak = weak_from_this()] {
-        if (auto self = weak.lock()) self->admitted_(self);
-      });
-      if (session_) {
-        kind_ =
-            message.has_replica_hello() ? &counters_->replica_streams : &counters_->worker_streams;
-        kind_->fetch_add(1, std::memory_order_relaxed);
-      }
-    }
-    if (session_) return session_->on_control(message);
-    if (message.has_goodbye()) return;  // it leaves before joining anything
-    if (message.has_error()) {
-      warn_worker_reports(conn_->peer(), status_from_error(message.error()));
-      return;
-    }
-    reject_stream(conn_, Status(ErrorCode::kProtocol,
-                                "unexpected control message from worker " + conn_->peer()));
-  }
-  void on_closed(const Status& why) override {
-    if (hello_timer_) hello_timer_->cancel();
-    if (kind_) kind_->fetch_sub(1, std::memory_order_relaxed);
-    kind_ = nullptr;
-    if (paused_) counters_->streams_paused.fetch_sub(1, std::memory_order_relaxed);
-    paused_ = false;
-    if (session_) {
-      session_->on_closed(why);
-    } else {
-      warn_closed_before_joining(conn_->peer(), why);
-    }
-    closed_(shared_from_this());
-  }
-
- private:
-  const Refused refused_;
-  const std::shared_ptr<Connection> conn_;
-  const std::chrono::milliseconds hello_timeout_;
-  const std::shared_ptr<ReducerCounters> counters_;
-  const Route route_;
-  const Event admitted_;
-  const Event closed_;
-  std::optional<asio::steady_timer> hello_timer_;
-  std::shared_ptr<FrameHandler> session_;
-  std::atomic<int64_t>* kind_ = nullptr;  // counts this stream while routed
-  bool paused_ = false;                   // counted in streams_paused
-};
-
-}  // namespace
-
 struct Reducer::Impl : std::enable_shared_from_this<Reducer::Impl> {
   std::shared_ptr<SessionContext> context = std::make_shared<SessionContext>();
   const ReducerOptions& options = context->options;
@@ -215,26 +64,12 @@ struct Reducer::Impl : std::enable_shared_from_this<Reducer::Impl> {
   // When the sweep last ran on I/O thread 0: /healthz fails if it stalls.
   std::atomic<int64_t> last_sweep_ns{Job::Clock::now().time_since_epoch().count()};
 
-  std::mutex mu;  // the streams; taken on accept, hello, close and stop only
+  std::mutex mu;  // the streams; taken on accept, admission, close and stop only
   std::unordered_set<std::shared_ptr<InboundStream>> streams;
-  // Streams not yet admitted (no hello, or one not yet authenticated or
-  // joined): in accept order (entries admitted, closed or cut are dropped
-  // as they reach the front), and counted by source address.
-  std::deque<std::weak_ptr<InboundStream>> pending_order;
-  std::unordered_map<std::string, size_t> pending_by_source;
-  size_t evicting = 0;  // cut to make room, not closed yet
-  // Connections refused or cut at the limits, logged once per 10 s each.
-  LogLimiter refusals_logged{LogLimiter::kEvery, 1};
-  LogLimiter source_refusals_logged{LogLimiter::kEvery, 1};
-  LogLimiter evictions_logged{LogLimiter::kEvery, 1};
+  StreamAdmission admission{options};
   bool stopping = false;
 
   void on_accept(asio::ip::tcp::socket socket);
-  // Whether a new stream from `source` may be open: within its source's
-  // share of streams not yet admitted, and within --max-connections,
-  // cutting the oldest stream not yet admitted when at the limit.
-  bool make_room_locked(const std::string& source);
-  void no_longer_pending_locked(InboundStream& stream);
   // The session for a stream whose first message is `first`.
   std::shared_ptr<FrameHandler> route(const wire::Control& first, std::shared_ptr<Connection> conn,
                                       std::function<void()> admitted);
@@ -242,54 +77,6 @@ struct Reducer::Impl : std::enable_shared_from_this<Reducer::Impl> {
   void stop();
   void join();
 };
-
-bool Reducer::Impl::make_room_locked(const std::string& source) {
-  if (auto it = pending_by_source.find(source);
-      it != pending_by_source.end() && it->second >= options.max_pending_per_source) {
-    if (auto unlogged = source_refusals_logged.allow()) {
-      spdlog::warn(
-          "refused {} connection(s) from {}: {} streams from it are not admitted, the "
-          "--max-pending-per-source limit",
-          *unlogged + 1, source, it->second);
-    }
-    return false;
-  }
-  while (!pending_order.empty()) {
-    auto front = pending_order.front().lock();
-    if (front && front->pending && !front->evicted) break;
-    pending_order.pop_front();
-  }
-  if (streams.size() - evicting < options.max_connections) return true;
-  if (pending_order.empty()) {
-    if (auto unlogged = refusals_logged.allow()) {
-      spdlog::warn(
-          "refused {} connection(s): {} streams open, every one joined, the --max-connections "
-          "limit",
-          *unlogged + 1, streams.size());
-    }
-    return false;
-  }
-  auto oldest = pending_order.front().lock();
-  pending_order.pop_front();
-  oldest->evicted = true;
-  ++evicting;
-  if (auto unlogged = evictions_logged.allow()) {
-    spdlog::warn(
-        "cut {} stream(s) not yet admitted to make room at the --max-connections limit "
-        "({} open), the oldest first",
-        *unlogged + 1, streams.size());
-  }
-  oldest->cut(Status(ErrorCode::kResourceExhausted,
-                     "cut: not admitted while the reducer is at its --max-connections limit"));
-  return true;
-}
-
-void Reducer::Impl::no_longer_pending_locked(InboundStream& stream) {
-  if (!stream.pending) return;
-  stream.pending = false;
-  auto it = pending_by_source.find(stream.source);
-  if (it != pending_by_source.end() && --it->second == 0) pending_by_source.erase(it);
-}
 
 void Reducer::Impl::on_accept(asio::ip::tcp::socket socket) {
   boost::system::error_code peer_error;
@@ -309,7 +96,7 @@ void Reducer::Impl::on_accept(asio::ip::tcp::socket socket) {
   }
   {
     std::lock_guard lock(mu);
-    if (!make_room_locked(source)) {
+    if (!admission.make_room(source, streams.size())) {
       boost::system::error_code ignored;
       socket.close(ignored);
       return;
@@ -330,23 +117,21 @@ void Reducer::Impl::on_accept(asio::ip::tcp::socket socket) {
       [weak](const std::shared_ptr<InboundStream>& admitted) {
         if (auto self = weak.lock()) {
           std::lock_guard lock(self->mu);
-          self->no_longer_pending_locked(*admitted);
+          self->admission.admitted(*admitted);
         }
       },
       [weak](const std::shared_ptr<InboundStream>& closed) {
         if (auto self = weak.lock()) {
           std::lock_guard lock(self->mu);
           if (self->streams.erase(closed) == 0) return;
-          self->no_longer_pending_locked(*closed);
-          if (closed->evicted) --self->evicting;
+          self->admission.closed(*closed);
         }
       });
   {
     std::lock_guard lock(mu);
     if (stopping) return;
     streams.insert(stream);
-    ++pending_by_source[source];
-    pending_order.push_back(stream);
+    admission.opened(stream);
   }
   // The socket lives on its own context; start there.
   asio::post(conn->executor(), [stream] { stream->start(); });
