@@ -1,6 +1,7 @@
 // The C API (tally/tally.h) over tally::Client. No exception may leave a C
 // function: every entry point that allocates catches std::bad_alloc and
 // reports TALLY_RESOURCE_EXHAUSTED.
+#include <algorithm>
 #include <condition_variable>
 #include <deque>
 #include <limits>
@@ -250,6 +251,37 @@ uint32_t tally_client_groups(const tally_client* client) { return client->client
 uint32_t tally_client_group(const tally_client* client) { return client->client->group(); }
 
 size_t tally_default_fuse_bytes(void) { return tally::kDefaultFuseBytes; }
+
+static_assert(TALLY_OP_SECONDS_BUCKETS == tally::kOpSecondsBounds.size() + 1);
+
+tally_code tally_client_stats(const tally_client* client, tally_stats* out) {
+  if (!client || !out) return invalid("tally_client_stats: client or out is NULL");
+  const tally::ClientStats s = client->client->stats();
+  out->ops_completed = s.ops_completed;
+  out->ops_failed = s.ops_failed;
+  out->bytes_sent = s.bytes_sent;
+  out->bytes_received = s.bytes_received;
+  out->reconnects = s.reconnects;
+  out->replays = s.replays;
+  out->op_seconds_sum = s.op_seconds_sum;
+  out->op_seconds_max = s.op_seconds_max;
+  std::copy(s.op_seconds_buckets.begin(), s.op_seconds_buckets.end(), out->op_seconds_buckets);
+  return TALLY_OK;
+}
+
+double tally_stats_op_seconds_quantile(const tally_stats* stats, double q) {
+  if (!stats) return 0;
+  tally::ClientStats s;
+  s.op_seconds_max = stats->op_seconds_max;
+  std::copy(stats->op_seconds_buckets, stats->op_seconds_buckets + TALLY_OP_SECONDS_BUCKETS,
+            s.op_seconds_buckets.begin());
+  return s.op_seconds_quantile(q);
+}
+
+double tally_op_seconds_bound(size_t i) {
+  return i < tally::kOpSecondsBounds.size() ? tally::kOpSecondsBounds[i]
+                                            : std::numeric_limits<double>::infinity();
+}
 
 tally_code tally_allreduce(tally_client* client, void* data, size_t count, tally_dtype dtype,
                            tally_redop op) {

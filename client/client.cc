@@ -23,6 +23,7 @@
 #include <unordered_map>
 
 #include "client_impl.h"
+#include "logging.h"
 #include "op_state.h"
 #include "shard_link.h"
 #include "tally.pb.h"
@@ -88,6 +89,7 @@ void Client::Impl::pump(ShardLink& link) {
     op->unanswered_bytes[link.shard()] += payload.size();
     op->sending_on[link.shard()]++;
     const uint32_t shard = link.shard();
+    counters.sent(payload.size());
     // A failed send always closes the stream, and on_closed fails the op
     // with the reducer named (or reopens it); here only the buffer is released.
     link.conn()->send(h, payload, [this, op, shard](const Status&) {
@@ -236,6 +238,7 @@ void Client::Impl::maybe_finish(std::shared_ptr<Op> op) {
   if (!op->staging.empty() && spare_staging.size() < kSpareStagingKept) {
     spare_staging.push_back(std::move(op->staging));
   }
+  counters.op_ended(op->failed, Clock::now() - op->called);
   op->handle->end_one(op->failed ? op->failure : Status::ok());
   // A kept op holds its results' copy only, not the caller's handle (nor a
   // fused call's staging buffers in it).
@@ -284,11 +287,8 @@ void Client::Impl::on_link_closed(uint32_t shard, const Status& status) {
 Result<std::unique_ptr<Client>> Client::connect(const ClientOptions& options) {
   auto congestion = validated_congestion_control(options);
   if (!congestion) return congestion.status();
-  // spdlog makes its registry on first use, in libspdlog (which sanitizers
-  // do not see into): made once here, before any client's I/O thread can
-  // log, every thread that logs is ordered after it.
-  static std::once_flag logging;
-  std::call_once(logging, [] { spdlog::default_logger_raw(); });
+  client_internal::log_to_stderr();
+  if (!options.log_level.empty()) spdlog::set_level(spdlog::level::from_str(options.log_level));
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   impl->options.tcp_congestion = *congestion;
@@ -410,6 +410,7 @@ Result<std::shared_ptr<Op>> Client::Impl::make_op(void* data, size_t count, DTyp
     return Status(ErrorCode::kInvalidArgument, "buffer is not aligned to its element size");
   }
   auto op = std::make_shared<Op>();
+  op->called = Clock::now();
   op->data = static_cast<std::byte*>(data);
   op->count = count;
   op->dtype = dtype;
@@ -540,5 +541,6 @@ const ClientOptions& Client::options() const { return impl_->options; }
 ChunkPlan Client::plan(uint64_t count, DType dtype, uint64_t op) const {
   return ChunkPlan(count * dtype_size(dtype), dtype, shards(), impl_->plan_settings, op);
 }
+ClientStats Client::stats() const { return impl_->counters.snapshot(); }
 
 }  // namespace tally

@@ -2,6 +2,7 @@
 // to the reducers, the ops in flight) shared by client.cc and shard_link.cc.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
@@ -71,6 +72,8 @@ struct Op {
   // into `data`; `staging` then only carries the narrowed inputs.
   bool wide_result = false;
   RedOp redop = RedOp::kSum;
+  // When the call that started it was made (ClientStats' op times).
+  std::chrono::steady_clock::time_point called{};
   std::optional<ChunkPlan> plan;  // over count elements of `wire`
   uint64_t results = 0;
   std::vector<uint8_t> got;                // by chunk: result written
@@ -98,6 +101,27 @@ struct Op {
 // Where the result bytes of `op`'s chunk `e` are, as a reducer sends them:
 // where its receive is posted and what a replay sends back.
 std::span<std::byte> result_span(Op& op, const ChunkExtent& e);
+
+// ClientStats as the I/O thread counts it: written there, read by
+// Client::stats() from any thread.
+class Counters {
+ public:
+  void op_ended(bool failed, std::chrono::steady_clock::duration took);
+  void sent(uint64_t bytes) { add(bytes_sent_, bytes); }
+  void received(uint64_t bytes) { add(bytes_received_, bytes); }
+  void reconnected() { add(reconnects_, 1); }
+  void resent(uint64_t chunks) { add(replays_, chunks); }
+  ClientStats snapshot() const;
+
+ private:
+  static void add(std::atomic<uint64_t>& counter, uint64_t n) {
+    counter.fetch_add(n, std::memory_order_relaxed);
+  }
+  std::atomic<uint64_t> ops_completed_{0}, ops_failed_{0}, bytes_sent_{0}, bytes_received_{0},
+      reconnects_{0}, replays_{0};
+  std::atomic<uint64_t> op_nanos_sum_{0}, op_nanos_max_{0};
+  std::array<std::atomic<uint64_t>, kOpSecondsBounds.size() + 1> op_buckets_{};
+};
 
 }  // namespace client_internal
 
@@ -143,6 +167,7 @@ struct Client::Impl {
   uint64_t started_below = 0;  // ops with smaller ids have been started
   std::optional<Status> broken;
   std::optional<Status> last_failure;  // of the latest failed op
+  client_internal::Counters counters;
 
   void start_op(const std::shared_ptr<Op>& op);
   void fail_op(std::shared_ptr<Op> op,

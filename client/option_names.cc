@@ -11,8 +11,10 @@
 #include <mutex>
 #include <string>
 
+#include "logging.h"
 #include "tally/protocol/auth.h"
 #include "tally/protocol/link_rate.h"
+#include "tally/protocol/log_level.h"
 #include "tally/protocol/pool.h"
 #include "tally/protocol/split.h"
 #include "tally/protocol/tcp_transport.h"
@@ -165,6 +167,22 @@ Status set_link_rate(ClientOptions& o, std::string_view name, std::string_view v
   return Status::ok();
 }
 
+Status set_log_level(ClientOptions& o, std::string_view name, std::string_view value) {
+  const auto& names = log_level_names();
+  if (std::find(names.begin(), names.end(), value) == names.end()) {
+    std::string accepted;
+    for (const auto& n : names) accepted += (accepted.empty() ? "" : ", ") + n;
+    return Status(ErrorCode::kInvalidArgument, std::string(name) + ": '" + std::string(value) +
+                                                   "' is not a log level (" + accepted + ")");
+  }
+  o.log_level = std::string(value);
+  // At once, for what the next options say (an older name's warning), and
+  // again when a client connects with these options.
+  client_internal::log_to_stderr();
+  spdlog::set_level(spdlog::level::from_str(o.log_level));
+  return Status::ok();
+}
+
 // The secret's value never appears in an error.
 Status set_secret(ClientOptions& o, std::string_view name, std::string_view value) {
   if (value.size() < kMinSecretBytes || value.size() > kMaxSecretBytes) {
@@ -217,6 +235,7 @@ struct Option {
 // their older ones).
 const std::vector<Option>& options_table() {
   static const std::vector<Option> table{
+      {"TALLY_LOG_LEVEL", set_log_level},
       {"TALLY_POOL", set_pool},
       {"TALLY_JOB", set_text<&ClientOptions::job>},
       {"TALLY_RANK", set_number<uint32_t, &ClientOptions::rank, kU32>},
@@ -268,6 +287,7 @@ Status set_client_option(ClientOptions& o, std::string_view name, std::string_vi
 }
 
 Status apply_environment(ClientOptions& o, std::set<std::string>& given) {
+  client_internal::log_to_stderr();
   // One parser for every name; the later of two names for one option wins
   // (TALLY_FABRIC_PROVIDER over FI_PROVIDER).
   for (std::string_view name : client_option_names()) {

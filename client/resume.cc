@@ -182,6 +182,7 @@ void Client::Impl::on_link_resumed(uint32_t shard) {
   // replay of one would hold a window slot and a reducer buffer for
   // nothing until the reducer's op timeout.
   link.resyncing = true;
+  counters.reconnected();
   link.send_received(received_mark());
 }
 
@@ -200,6 +201,7 @@ void Client::Impl::resend(uint32_t shard, uint64_t op_below) {
     for (uint64_t k = first; k < first + op->plan->chunks_on_shard(shard); ++k) {
       link.queue.push_back({op, static_cast<uint32_t>(k), op->finished || op->got[k] != 0});
     }
+    counters.resent(op->plan->chunks_on_shard(shard));
   }
   pump(link);
 }

@@ -410,6 +410,7 @@ void ShardLink::on_data(const FrameHeader& h, std::span<std::byte>) {
   }
   op->got[h.chunk] = 1;
   op->results++;
+  client_.counters.received(h.length);
   op->unanswered[shard_]--;
   op->unanswered_bytes[shard_] -= extent.length;
   inflight--;

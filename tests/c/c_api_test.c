@@ -116,6 +116,23 @@ static void* rank_main(void* arg) {
   CHECK_SUMS(int32_t, TALLY_INT32);
   CHECK_SUMS(int64_t, TALLY_INT64);
 
+  /* The counters: every op so far ended well, and each is timed. */
+  tally_stats st;
+  CHECK(tally_client_stats(c, &st) == TALLY_OK, "%s", tally_last_error());
+  CHECK(st.ops_completed > 0 && st.ops_failed == 0, "ops %llu ok, %llu failed",
+        (unsigned long long)st.ops_completed, (unsigned long long)st.ops_failed);
+  CHECK(st.bytes_sent > 0 && st.bytes_sent == st.bytes_received, "bytes %llu sent, %llu received",
+        (unsigned long long)st.bytes_sent, (unsigned long long)st.bytes_received);
+  uint64_t timed = 0;
+  for (int i = 0; i < TALLY_OP_SECONDS_BUCKETS; ++i) timed += st.op_seconds_buckets[i];
+  CHECK(timed == st.ops_completed, "%llu ops timed", (unsigned long long)timed);
+  CHECK(tally_op_seconds_bound(0) > 0 &&
+            tally_op_seconds_bound(TALLY_OP_SECONDS_BUCKETS - 1) > 1e300,
+        "bounds");
+  double p50 = tally_stats_op_seconds_quantile(&st, 0.5);
+  CHECK(p50 > 0 && p50 <= tally_stats_op_seconds_quantile(&st, 0.99), "p50 %g", p50);
+  CHECK(tally_client_stats(c, NULL) == TALLY_INVALID_ARGUMENT, "NULL out refused");
+
   /* Async: two ops in flight, one with a callback. */
   float* a = malloc(kCount * sizeof(float));
   float* b = malloc(kCount * sizeof(float));
@@ -240,7 +257,9 @@ static void check_errors(void) {
   CHECK(strcmp(tally_options_missing(o), "TALLY_POOL, TALLY_JOB, TALLY_RANK, TALLY_WORLD_SIZE") ==
             0,
         "missing: %s", tally_options_missing(o));
-  CHECK(strcmp(tally_option_name(0), "TALLY_POOL") == 0, "first name %s", tally_option_name(0));
+  /* TALLY_LOG_LEVEL first: it applies to what reading the others logs. */
+  CHECK(strcmp(tally_option_name(0), "TALLY_LOG_LEVEL") == 0, "first name %s",
+        tally_option_name(0));
   size_t names = 0;
   while (tally_option_name(names)) names++;
   CHECK(names > 10 && tally_option_name(names) == NULL, "%zu names", names);

@@ -9,7 +9,8 @@
     check_docs.py names ROOT REDUCER BENCH
         docs/configuration.md names every TALLY_* variable the code reads
         (a quoted "TALLY_..." in client/, reducer/, bench/, protocol/,
-        examples/, deploy/) or a CMake option of the build, and every flag in the --help of tally-reducer and
+        examples/, deploy/, or $ENV{TALLY_...} in a .cmake script there) or a
+        CMake option of the build, and every flag in the --help of tally-reducer and
         of tally-bench and its subcommands; and every TALLY_* name it gives
         exists in the code.
     check_docs.py planted ROOT
@@ -33,6 +34,7 @@ HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$", re.M)
 ENV_NAME = re.compile(r"\bTALLY_[A-Z0-9_]*[A-Z0-9]\b")
 QUOTED_ENV_NAME = re.compile(r"""["'](TALLY_[A-Z0-9_]*[A-Z0-9])["']""")
 CMAKE_OPTION = re.compile(r"option\((TALLY_\w+)|set\((TALLY_\w+)[^\n]*CACHE (?!INTERNAL)")
+CMAKE_ENV = re.compile(r"\$ENV\{(TALLY_\w+)\}")
 ISSUE = re.compile(r"\bissues?[ -]#?[0-9]+", re.I)
 FLAG = re.compile(r"(?<![\w-])--[a-z0-9][a-z0-9-]*")
 
@@ -100,6 +102,8 @@ def code_env_names(root):
             names.update(QUOTED_ENV_NAME.findall(text))
         elif os.path.basename(rel) == "CMakeLists.txt":
             names.update(a or b for a, b in CMAKE_OPTION.findall(text))
+        elif rel.endswith(".cmake"):
+            names.update(CMAKE_ENV.findall(text))
     return names
 
 

@@ -20,7 +20,7 @@ step() { echo "== $*"; }
 
 step "cmake --install $build --prefix $prefix"
 cmake --install "$build" --prefix "$prefix" >"$scratch/install.log"
-for f in bin/tally-reducer bin/tally-bench lib/libtally.a lib/libtally_c.so \
+for f in bin/tally-reducer bin/tally-bench lib/libtally.a lib/libtally.so lib/libtally_c.so \
   include/tally/tally.h include/tally/client/client.h lib/cmake/tally/tallyConfig.cmake \
   lib/pkgconfig/tally.pc; do
   [ -e "$prefix/$f" ] || { echo "not installed: $f"; exit 1; }
@@ -65,5 +65,10 @@ run_pair() {  # NAME PROGRAM [LD_LIBRARY_PATH]
 }
 step "run the consumers as two ranks"
 run_pair cpp "$scratch/consumer/consumer_cpp"
+# libtally.so, found through the installed tree's lib (the consumer's RPATH
+# names it too; LD_LIBRARY_PATH as a user without one would set it).
+ldd "$scratch/consumer/consumer_cpp_shared" | grep -q "$prefix/lib/libtally.so" ||
+  { echo "consumer_cpp_shared does not load the installed libtally.so:"; ldd "$scratch/consumer/consumer_cpp_shared"; exit 1; }
+run_pair cpp-shared "$scratch/consumer/consumer_cpp_shared" "$prefix/lib"
 run_pair c "$scratch/consumer/consumer_c"
 run_pair c-pkg-config "$scratch/consumer_c_pc" "$prefix/lib"

@@ -264,3 +264,75 @@ TEST(Wire, Float32ResultsNeedTheBfloat16Wire) {
 
 }  // namespace
 }  // namespace tally::testing
+
+namespace tally::testing {
+namespace {
+
+// Client::stats() counts what the client did: each op once, its bytes as
+// they crossed the wire, no reconnects, and every op in the time histogram;
+// an op refused by the reducers as failed.
+TEST(ClientStats, CountTheOpsAndTheBytesOnTheWire) {
+  TestCluster cluster(PoolSpec{.shards = 2});
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  constexpr uint32_t kWorld = 2;
+  constexpr int kOps = 10;
+  constexpr size_t kFloats = 3000;
+  auto clients = connect_all(cluster, "stats", kWorld);
+  ASSERT_EQ(clients.size(), kWorld);
+  for (uint32_t r = 0; r < kWorld; ++r) {
+    const ClientStats s = clients[r]->stats();
+    EXPECT_EQ(s.ops_completed + s.ops_failed + s.bytes_sent + s.bytes_received, 0u);
+  }
+  on_every_rank(kWorld, [&](uint32_t r) {
+    std::vector<float> data(kFloats);
+    for (int i = 0; i < kOps; ++i) {
+      bench::fill_pattern(data.data(), data.size(), r, i);
+      EXPECT_TRUE(
+          clients[r]->allreduce(data.data(), data.size(), DType::kFloat32, RedOp::kSum).is_ok());
+    }
+  });
+  for (uint32_t r = 0; r < kWorld; ++r) {
+    const ClientStats s = clients[r]->stats();
+    const uint64_t wire_bytes = kOps * kFloats * sizeof(float);
+    EXPECT_EQ(s.ops_completed, uint64_t{kOps}) << "rank " << r;
+    EXPECT_EQ(s.ops_failed, 0u);
+    EXPECT_EQ(s.bytes_sent, wire_bytes) << "rank " << r;
+    EXPECT_EQ(s.bytes_received, wire_bytes) << "rank " << r;
+    EXPECT_EQ(s.reconnects, 0u);
+    EXPECT_EQ(s.replays, 0u);
+    uint64_t timed = 0;
+    for (uint64_t n : s.op_seconds_buckets) timed += n;
+    EXPECT_EQ(timed, uint64_t{kOps});
+    EXPECT_GT(s.op_seconds_max, 0.0);
+    EXPECT_LE(s.op_seconds_max, s.op_seconds_sum);
+    EXPECT_GT(s.op_seconds_quantile(0.5), 0.0);
+    EXPECT_LE(s.op_seconds_quantile(0.5), s.op_seconds_quantile(0.99));
+    EXPECT_LE(s.op_seconds_quantile(0.99), s.op_seconds_max);
+  }
+  // Ranks that disagree on an op's size: it fails on both, counted so.
+  on_every_rank(kWorld, [&](uint32_t r) {
+    std::vector<float> data(16 + r, 1.0f);
+    EXPECT_FALSE(
+        clients[r]->allreduce(data.data(), data.size(), DType::kFloat32, RedOp::kSum).is_ok());
+    EXPECT_EQ(clients[r]->stats().ops_failed, 1u) << "rank " << r;
+    EXPECT_EQ(clients[r]->stats().ops_completed, uint64_t{kOps}) << "rank " << r;
+  });
+}
+
+// The quantiles come from the buckets: the bound of the bucket where the
+// op at q falls, the largest time for the last bucket.
+TEST(ClientStats, QuantilesAreTheBoundsOfTheirBuckets) {
+  ClientStats s;
+  EXPECT_EQ(s.op_seconds_quantile(0.5), 0.0);
+  s.op_seconds_buckets[3] = 2;   // up to 1 ms
+  s.op_seconds_buckets[9] = 1;   // up to 100 ms
+  s.op_seconds_buckets[15] = 1;  // over 10 s
+  s.op_seconds_max = 12.5;
+  EXPECT_EQ(s.op_seconds_quantile(0.0), kOpSecondsBounds[3]);
+  EXPECT_EQ(s.op_seconds_quantile(0.5), kOpSecondsBounds[3]);
+  EXPECT_EQ(s.op_seconds_quantile(0.7), kOpSecondsBounds[9]);
+  EXPECT_EQ(s.op_seconds_quantile(1.0), 12.5);
+}
+
+}  // namespace
+}  // namespace tally::testing

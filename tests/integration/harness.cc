@@ -179,6 +179,10 @@ std::string TestCluster::worker_stdout(const std::string& name) const {
   return read_file(dir_.path() + "/" + name + ".out");
 }
 
+std::string WorkerGroup::stderr_of(uint32_t rank) const {
+  return read_file(cluster_.dir() + "/" + name(rank) + ".err");
+}
+
 WorkerGroup::WorkerGroup(TestCluster& cluster, const std::string& prefix, const std::string& job,
                          uint32_t world, const std::function<Args(uint32_t)>& args_for,
                          const std::map<std::string, std::string>& env)

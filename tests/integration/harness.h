@@ -113,6 +113,8 @@ class WorkerGroup {
   bench::Process& process(uint32_t rank) { return procs_.at(rank); }
   std::string name(uint32_t rank) const { return prefix_ + std::to_string(rank); }
   std::string stdout_of(uint32_t rank) const { return cluster_.worker_stdout(name(rank)); }
+  // The client library's log lines (stderr).
+  std::string stderr_of(uint32_t rank) const;
   // Waits for rank's exit (killing it at the deadline) and returns its output.
   WorkerOutput wait(uint32_t rank, std::chrono::milliseconds timeout);
 

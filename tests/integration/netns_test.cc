@@ -267,11 +267,11 @@ TEST_P(OffLoopback, CutLinkRestoredWithinTheOpTimeoutIsResumed) {
   ASSERT_TRUE(cut.ok()) << cut.output;
   ASSERT_TRUE(eventually(
       [&] {
-        return contains(ranks[0]->out(), "reconnecting") &&
-               contains(ranks[1]->out(), "reconnecting");
+        return contains(ranks[0]->err(), "reconnecting") &&
+               contains(ranks[1]->err(), "reconnecting");
       },
       3 * kPeerTimeout + 5s))
-      << ranks[0]->out() << ranks[1]->out();
+      << ranks[0]->err() << ranks[1]->err();
   Command restore = net_->set_link_b(true);
   ASSERT_TRUE(restore.ok()) << restore.output;
   for (uint32_t r = 0; r < kWorld; ++r) {

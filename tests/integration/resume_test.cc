@@ -113,6 +113,14 @@ void train_through_kills(TestCluster& cluster, std::vector<std::unique_ptr<Clien
     while (!inflight.empty()) end_oldest();
   });
   killer.join();
+  // Each rank counted its reconnects and what it sent again (ClientStats).
+  for (uint32_t r = 0; r < world; ++r) {
+    const ClientStats s = clients[r]->stats();
+    EXPECT_EQ(s.ops_completed, static_cast<uint64_t>(ops)) << "rank " << r;
+    EXPECT_EQ(s.ops_failed, 0u) << "rank " << r;
+    EXPECT_GE(s.reconnects, static_cast<uint64_t>(kills)) << "rank " << r;
+    EXPECT_GT(s.replays, 0u) << "rank " << r;
+  }
   std::string logs;
   for (uint32_t i = 0; i < cluster.addresses().size(); ++i) logs += cluster.reducer_log(i);
   EXPECT_TRUE(contains(logs, "resumed"));
@@ -386,11 +394,11 @@ TEST(Resume, HungThenContinuedReducerServesTheSameWorkersOn) {
   // and are reconnecting (the client library logs it).
   ASSERT_TRUE(eventually(
       [&] {
-        return contains(workers.stdout_of(0), "reconnecting") &&
-               contains(workers.stdout_of(1), "reconnecting");
+        return contains(workers.stderr_of(0), "reconnecting") &&
+               contains(workers.stderr_of(1), "reconnecting");
       },
       20s))
-      << workers.stdout_of(0);
+      << workers.stderr_of(0) << workers.stderr_of(1);
   cluster.reducer(1).signal(SIGCONT);
   for (uint32_t r = 0; r < 2; ++r) {
     auto out = workers.wait(r, 60s);

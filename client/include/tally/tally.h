@@ -36,8 +36,9 @@ extern "C" {
 /* The version of this header's API; tally_c_api_version() gives the library's.
  * 2 added tally_options_read_env, tally_options_missing, tally_option_name,
  * tally_client_groups, tally_client_group, tally_default_fuse_bytes, the
- * completion queue and the *_to functions that post to it. */
-#define TALLY_C_API_VERSION 2
+ * completion queue and the *_to functions that post to it; 3 added
+ * tally_client_stats, tally_op_seconds_bound and tally_stats_op_seconds_quantile. */
+#define TALLY_C_API_VERSION 3
 
 typedef enum tally_code {
   TALLY_OK = 0,
@@ -118,6 +119,31 @@ TALLY_API uint32_t tally_client_groups(const tally_client* client);
 TALLY_API uint32_t tally_client_group(const tally_client* client);
 /* The fuse_bytes of tally_allreduce_fused that the C++ API defaults to. */
 TALLY_API size_t tally_default_fuse_bytes(void);
+
+/* A client's counters since it connected; each field as tally::ClientStats
+ * describes it (tally/client/stats.h). */
+#define TALLY_OP_SECONDS_BUCKETS 16
+typedef struct tally_stats {
+  uint64_t ops_completed;
+  uint64_t ops_failed;
+  uint64_t bytes_sent;
+  uint64_t bytes_received;
+  uint64_t reconnects;
+  uint64_t replays;
+  double op_seconds_sum;
+  double op_seconds_max;
+  /* Ops by time: bucket i up to tally_op_seconds_bound(i) (over the bound
+   * before it); the last, over every bound. */
+  uint64_t op_seconds_buckets[TALLY_OP_SECONDS_BUCKETS];
+} tally_stats;
+/* Fills `out`. Thread-safe. */
+TALLY_API tally_code tally_client_stats(const tally_client* client, tally_stats* out);
+/* The upper bound in seconds of op_seconds_buckets[i], for i below
+ * TALLY_OP_SECONDS_BUCKETS - 1; infinity for the last. */
+TALLY_API double tally_op_seconds_bound(size_t i);
+/* The bound within which a fraction `q` (0 to 1) of the ops ended, from the
+ * buckets (tally::ClientStats::op_seconds_quantile); 0 with no op. */
+TALLY_API double tally_stats_op_seconds_quantile(const tally_stats* stats, double q);
 
 /* In-place all-reduce of `count` elements at `data`. Blocks until the op ends. */
 TALLY_API tally_code tally_allreduce(tally_client* client, void* data, size_t count,

@@ -102,6 +102,7 @@ _KEYWORDS = {
     "link_rate": "TALLY_LINK_RATE",
     "secret": "TALLY_JOB_SECRET",
     "secret_file": "TALLY_JOB_SECRET_FILE",
+    "log_level": "TALLY_LOG_LEVEL",
 }
 _NAMES = {v: k for k, v in _KEYWORDS.items()}
 
@@ -242,7 +243,7 @@ class Client:
     fabric_max_msg_bytes, wire_dtype, wire_result, resume_bytes,
     tcp_congestion, link_rate (this worker's link rate in tc's units, e.g.
     "10gbit": its streams are paced to their share of it), secret,
-    secret_file. With ``env=False`` the environment is not read. Where
+    secret_file, log_level (tally's log lines, on stderr). With ``env=False`` the environment is not read. Where
     TALLY_RANK, TALLY_WORLD_SIZE or TALLY_JOB are unset, a launcher's RANK,
     WORLD_SIZE and TORCHELASTIC_RUN_ID (with TORCHELASTIC_RESTART_COUNT) stand
     in for them (torchrun, Kubeflow's PyTorchJob).
@@ -496,6 +497,26 @@ class Client:
     shards = property(lambda self: self._get(_c.tally_client_shards))
     groups = property(lambda self: self._get(_c.tally_client_groups))
     group = property(lambda self: self._get(_c.tally_client_group))
+
+    def stats(self):
+        """This client's counters since it connected, as a dict (each is
+        described in tally/client/stats.h): ops_completed, ops_failed,
+        bytes_sent, bytes_received, reconnects, replays, op_seconds_sum,
+        op_seconds_max, op_seconds_buckets (a list of (upper bound in
+        seconds, ops), the last bound inf), and op_seconds_p50 and
+        op_seconds_p99, the bounds within which half and 99% of the ops
+        ended. Thread-safe."""
+        s = _lib.Stats()
+        self._open()
+        _check(_c.tally_client_stats(self._client, ctypes.byref(s)))
+        out = {name: getattr(s, name) for name, _ in _lib.Stats._fields_[:-1]}
+        out["op_seconds_buckets"] = [
+            (_c.tally_op_seconds_bound(i), s.op_seconds_buckets[i])
+            for i in range(_lib.OP_SECONDS_BUCKETS)
+        ]
+        for name, q in (("op_seconds_p50", 0.5), ("op_seconds_p99", 0.99)):
+            out[name] = _c.tally_stats_op_seconds_quantile(ctypes.byref(s), q)
+        return out
 
     def __enter__(self):
         return self

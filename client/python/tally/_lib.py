@@ -11,7 +11,7 @@ call, so a blocking call (connect, a wait) never holds up other threads.
 import ctypes
 import os
 
-C_API_VERSION = 2  # the tally.h this file declares
+C_API_VERSION = 3  # the tally.h this file declares
 
 # tally_code values that are not errors.
 OK = 0
@@ -20,6 +20,25 @@ CANCELLED = 8
 
 DTYPES = {"float32": 1, "float64": 2, "float16": 3, "bfloat16": 4, "int32": 5, "int64": 6}
 REDOPS = {"sum": 1, "avg": 2, "average": 2, "mean": 2}
+
+
+OP_SECONDS_BUCKETS = 16  # TALLY_OP_SECONDS_BUCKETS
+
+
+class Stats(ctypes.Structure):
+    """tally_stats (tally.h)."""
+
+    _fields_ = [
+        ("ops_completed", ctypes.c_uint64),
+        ("ops_failed", ctypes.c_uint64),
+        ("bytes_sent", ctypes.c_uint64),
+        ("bytes_received", ctypes.c_uint64),
+        ("reconnects", ctypes.c_uint64),
+        ("replays", ctypes.c_uint64),
+        ("op_seconds_sum", ctypes.c_double),
+        ("op_seconds_max", ctypes.c_double),
+        ("op_seconds_buckets", ctypes.c_uint64 * OP_SECONDS_BUCKETS),
+    ]
 
 
 def _find():
@@ -62,6 +81,9 @@ def _load():
         "tally_client_groups": (u32, [p]),
         "tally_client_group": (u32, [p]),
         "tally_default_fuse_bytes": (size, []),
+        "tally_client_stats": (code, [p, c.POINTER(Stats)]),
+        "tally_op_seconds_bound": (c.c_double, [size]),
+        "tally_stats_op_seconds_quantile": (c.c_double, [c.POINTER(Stats), c.c_double]),
         "tally_queue_create": (code, [c.POINTER(p)]),
         "tally_queue_next": (code, [p, u64, c.POINTER(u64)]),
         "tally_queue_close": (None, [p]),

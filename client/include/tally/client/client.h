@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "tally/client/stats.h"
 #include "tally/protocol/auth.h"
 #include "tally/protocol/chunking.h"
 #include "tally/protocol/dtype.h"
@@ -108,6 +109,12 @@ struct ClientOptions {
   // once the lost reducer is back ("Resuming with replica groups").
   // TALLY_RESUME_BYTES.
   uint64_t resume_bytes = uint64_t{256} << 20;
+  // The level of tally's log lines (trace, debug, info, warn, error,
+  // critical, off), set on spdlog's default logger when it is read and when
+  // a client connects; empty: left as the process has it (info). The lines
+  // go to stderr unless the process gave spdlog a default logger of its
+  // own. TALLY_LOG_LEVEL (read before the other TALLY_* names).
+  std::string log_level;
 };
 
 // Reads TALLY_POOL (comma-separated), TALLY_JOB, TALLY_RANK,
@@ -240,6 +247,8 @@ class Client {
   // The chunk plan this client uses for op number `op` of `count` elements
   // of `dtype` (the settings the pool's Welcomes gave included).
   ChunkPlan plan(uint64_t count, DType dtype, uint64_t op) const;
+  // Its counters so far (stats.h). Thread-safe.
+  ClientStats stats() const;
 
   struct Impl;
 
