@@ -163,6 +163,24 @@ std::string auth_mac(const Secret& secret, AuthRole role, std::string_view chall
   return std::string(reinterpret_cast<const char*>(mac), mac_len);
 }
 
+Secret derive_job_secret(const Secret& master, std::string_view job) {
+  std::string message;
+  append_field(message, "tally job secret v1");
+  append_field(message, job);
+  unsigned char mac[EVP_MAX_MD_SIZE];
+  unsigned int mac_len = 0;
+  TALLY_CHECK(HMAC(EVP_sha256(), master.bytes().data(), static_cast<int>(master.bytes().size()),
+                   reinterpret_cast<const unsigned char*>(message.data()), message.size(), mac,
+                   &mac_len) != nullptr);
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string hex;
+  for (unsigned int i = 0; i < mac_len; ++i) {
+    hex += kHex[mac[i] >> 4];
+    hex += kHex[mac[i] & 15];
+  }
+  return Secret(std::move(hex));
+}
+
 bool auth_mac_matches(std::string_view received, std::string_view expected) {
   return received.size() == expected.size() &&
          CRYPTO_memcmp(received.data(), expected.data(), expected.size()) == 0;

@@ -12,6 +12,7 @@
 #include <optional>
 #include <string_view>
 
+#include "tally/protocol/auth.h"
 #include "tally/protocol/control.h"
 #include "tally/protocol/link_rate.h"
 #include "tally/protocol/log_level.h"
@@ -127,6 +128,14 @@ int main(int argc, char** argv) {
   app.add_option("--job-secret-file", job_secret_file,
                  "file holding the job secret workers authenticate with (else $TALLY_JOB_SECRET)")
       ->envname("TALLY_JOB_SECRET_FILE");
+  app.add_flag("--per-job-secrets", options.per_job_secrets,
+               "the job secret is a master: each job authenticates with its own secret, "
+               "derived from it and the job's name (--print-job-secret prints one)")
+      ->envname("TALLY_PER_JOB_SECRETS");
+  std::string print_job_secret;
+  app.add_option("--print-job-secret", print_job_secret,
+                 "print the secret of the job with this name, derived from the job secret (the "
+                 "master of --per-job-secrets), and exit");
   app.add_option("--pool-secret-file", pool_secret_file,
                  "file holding the secret replicas authenticate their links with (else "
                  "$TALLY_POOL_SECRET)")
@@ -248,6 +257,19 @@ int main(int argc, char** argv) {
   }
   options.job_secret = std::move(*job_secret);
   options.pool_secret = std::move(*pool_secret);
+  if (!print_job_secret.empty()) {
+    if (options.job_secret.empty()) {
+      spdlog::error("--print-job-secret needs the master (--job-secret-file or TALLY_JOB_SECRET)");
+      return 2;
+    }
+    std::printf("%s\n",
+                tally::derive_job_secret(options.job_secret, print_job_secret).bytes().c_str());
+    return 0;
+  }
+  if (options.per_job_secrets && options.job_secret.empty()) {
+    spdlog::error("--per-job-secrets needs the master (--job-secret-file or TALLY_JOB_SECRET)");
+    return 2;
+  }
   // The variables are read: do not leave them to children or /proc readers.
   unsetenv("TALLY_JOB_SECRET");
   unsetenv("TALLY_POOL_SECRET");
@@ -287,6 +309,11 @@ int main(int argc, char** argv) {
         "authentication is not required (--require-auth is off): anyone who reaches {} can join "
         "a job whose workers hold no secret",
         bound);
+  }
+  if (options.per_job_secrets) {
+    spdlog::info(
+        "per-job secrets: each job authenticates with its own secret, derived from the master "
+        "(tally-reducer --job-secret-file MASTER --print-job-secret JOB prints it)");
   }
   if (options.group_count > 1 && options.pool_secret.empty()) {
     if (options.insecure_open_pool) {

@@ -183,6 +183,11 @@ void WorkerSession::on_hello(const wire::Hello& hello) {
   admit(hello, false);
 }
 
+Secret WorkerSession::job_secret(std::string_view job) const {
+  const ReducerOptions& o = context_->options;
+  return o.per_job_secrets ? derive_job_secret(o.job_secret, job) : o.job_secret;
+}
+
 void WorkerSession::on_auth_response(const wire::AuthResponse& response) {
   if (!pending_hello_) {
     return reject_stream(
@@ -190,8 +195,8 @@ void WorkerSession::on_auth_response(const wire::AuthResponse& response) {
   }
   std::unique_ptr<wire::Hello> hello = std::move(pending_hello_);
   auth_timer_->cancel();
-  const std::string expected = auth_mac(context_->options.job_secret, AuthRole::kWorker,
-                                        reducer_nonce_, worker_nonce_, identity(*hello));
+  const std::string expected = auth_mac(job_secret(hello->job()), AuthRole::kWorker, reducer_nonce_,
+                                        worker_nonce_, identity(*hello));
   if (!auth_mac_matches(response.mac(), expected)) {
     return reject_stream(
         conn_,
@@ -257,8 +262,8 @@ void WorkerSession::join(std::shared_ptr<const wire::Hello> hello, bool authenti
   w->set_group_count(o.group_count);
   TALLY_CHECK(conn_->describe_data_path(w->mutable_data_path()).is_ok());  // attached above
   if (authenticated) {
-    w->set_auth_proof(
-        auth_mac(o.job_secret, AuthRole::kReducer, worker_nonce_, reducer_nonce_, identity(h)));
+    w->set_auth_proof(auth_mac(job_secret(h.job()), AuthRole::kReducer, worker_nonce_,
+                               reducer_nonce_, identity(h)));
   }
   conn_->send_control(welcome);
   spdlog::info("rank {}/{} of job '{}' {} from {}", rank_, h.world_size(), job_->name(),

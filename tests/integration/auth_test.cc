@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -70,6 +71,57 @@ TEST(Auth, AWrongSecretIsRefusedNamingTheCause) {
   EXPECT_FALSE(contains(out.out, kOtherSecret)) << out.out;
   EXPECT_FALSE(contains(pool.cluster->reducer_log(0), kOtherSecret));
   EXPECT_FALSE(contains(pool.cluster->reducer_log(0), kSecret));
+}
+
+// What `tally-reducer --print-job-secret JOB` prints under the master in `file`.
+std::string printed_job_secret(const std::string& file, const std::string& job) {
+  const std::string command =
+      std::string(TALLY_REDUCER_PATH) + " --job-secret-file " + file + " --print-job-secret " + job;
+  FILE* p = popen(command.c_str(), "r");
+  if (!p) return "";
+  char line[256] = {};
+  const bool read = fgets(line, sizeof line, p) != nullptr;
+  const int status = pclose(p);
+  if (!read || status != 0) return "";
+  std::string s(line);
+  while (!s.empty() && s.back() == '\n') s.pop_back();
+  return s;
+}
+
+// Per-job secrets: the reducers hold a master, each job only its own
+// secret (printed by tally-reducer --print-job-secret). A job's secret lets
+// its workers in; it opens no other job, nor does the master itself.
+TEST(Auth, PerJobSecretsAdmitEachJobWithItsOwnSecretOnly) {
+  PoolSpec spec;
+  spec.shards = 2;
+  spec.reducer_args = {"--per-job-secrets"};
+  AuthPool pool(spec);
+  ASSERT_TRUE(pool.cluster->ok()) << pool.cluster->error();
+  EXPECT_TRUE(contains(pool.cluster->reducer_log(0), "per-job secrets"));
+  const std::string a = printed_job_secret(pool.secret_file, "job-a");
+  const std::string b = printed_job_secret(pool.secret_file, "job-b");
+  ASSERT_EQ(a.size(), 64u) << a;
+  EXPECT_NE(a, b);
+  EXPECT_EQ(a, derive_job_secret(Secret(kSecret), "job-a").bytes());
+  auto run = [&](const std::string& tag, const std::string& job, uint32_t world,
+                 const std::string& secret) {
+    WorkerGroup group(*pool.cluster, tag, job, world,
+                      [](uint32_t) {
+                        return Args{"--count", "1009", "--ops", "3"};
+                      },
+                      {{"TALLY_JOB_SECRET", secret}});
+    std::vector<WorkerOutput> outs;
+    for (uint32_t r = 0; r < world; ++r) outs.push_back(group.wait(r, 30s));
+    return outs;
+  };
+  for (const auto& out : run("a", "job-a", 2, a)) EXPECT_EQ(out.exit_code, 0) << out.out;
+  for (const std::string& wrong : {a, std::string(kSecret)}) {
+    auto outs = run("b-wrong", "job-b", 1, wrong);
+    EXPECT_EQ(outs[0].exit_code, 2) << outs[0].out;
+    EXPECT_TRUE(contains(outs[0].out, "unauthenticated")) << outs[0].out;
+  }
+  for (const auto& out : run("b", "job-b", 1, b)) EXPECT_EQ(out.exit_code, 0) << out.out;
+  EXPECT_FALSE(contains(pool.cluster->reducer_log(0), a));
 }
 
 TEST(Auth, RequireAuthRefusesWorkersWithoutASecret) {

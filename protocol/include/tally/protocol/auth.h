@@ -67,6 +67,12 @@ std::string auth_identity(std::string_view job, uint32_t rank, uint32_t world_si
 std::string auth_mac(const Secret& secret, AuthRole role, std::string_view challenger_nonce,
                      std::string_view responder_nonce, std::string_view identity);
 
+// A job's own secret under a pool's master secret (the reducers'
+// --per-job-secrets): the hex HMAC-SHA256, under the master, of a label and
+// the job's name. Holding one job's secret gives nothing on another's, nor
+// on the master.
+Secret derive_job_secret(const Secret& master, std::string_view job);
+
 // Constant-time comparison of a received MAC with the expected one.
 bool auth_mac_matches(std::string_view received, std::string_view expected);
 

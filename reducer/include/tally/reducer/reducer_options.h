@@ -58,6 +58,9 @@ struct ReducerOptions {
   // Workers that hold the job secret authenticate with it (challenge-
   // response, docs/protocol.md); with require_auth every job must.
   Secret job_secret;
+  // The job secret is a master: each job authenticates with its own secret,
+  // derive_job_secret(job_secret, its name) (--per-job-secrets).
+  bool per_job_secrets = false;
   bool require_auth = false;
   // Replicas of a shard authenticate their links with the pool secret.
   Secret pool_secret;

@@ -65,6 +65,9 @@ class WorkerSession final : public FrameHandler,
             std::chrono::steady_clock::time_point deadline);
   // What a worker's MAC covers besides the nonces: who it says it is.
   static std::string identity(const wire::Hello& hello);
+  // The secret job `job`'s workers authenticate with: the job secret, or
+  // with per_job_secrets the job's own, derived from it.
+  Secret job_secret(std::string_view job) const;
 
   const std::shared_ptr<SessionContext> context_;
   std::function<void()> admitted_;
