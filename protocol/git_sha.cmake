@@ -1,5 +1,6 @@
 # Writes OUT, a source file defining tally::git_sha() as the commit of the
-# tree at SRC (git rev-parse --short HEAD, "unknown" outside a checkout).
+# tree at SRC (git rev-parse --short HEAD; outside a checkout the
+# environment's TALLY_GIT_SHA, else "unknown").
 # Run at every build (protocol/CMakeLists.txt, target tally_git_sha), and
 # the file is rewritten only when the commit changed, so a build after a
 # pull or a commit says the right commit and recompiles one file.
@@ -7,6 +8,10 @@ execute_process(COMMAND git rev-parse --short HEAD
                 WORKING_DIRECTORY ${SRC}
                 OUTPUT_VARIABLE sha OUTPUT_STRIP_TRAILING_WHITESPACE
                 ERROR_QUIET)
+if(NOT sha AND DEFINED ENV{TALLY_GIT_SHA})
+  # A build outside a checkout (the image's build stage) is told its commit.
+  set(sha $ENV{TALLY_GIT_SHA})
+endif()
 if(NOT sha)
   set(sha unknown)
 endif()

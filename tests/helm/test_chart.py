@@ -19,90 +19,25 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
-import tempfile
 import time
 import urllib.request
 
 import pytest
 import yaml
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-CHART = os.path.join(ROOT, "helm", "tally")
-VALUES = sorted(os.path.join(CHART, "ci", f) for f in os.listdir(os.path.join(CHART, "ci")))
-NAMESPACE = "ml"
-RELEASE = "pool"
-
-
-@pytest.fixture(scope="session")
-def helm():
-    path = os.environ.get("TALLY_HELM") or os.path.join(ROOT, "build", "tools", "helm")
-    if not os.access(path, os.X_OK):
-        r = subprocess.run(
-            [os.path.join(ROOT, "deploy", "fetch-helm.sh"), os.path.dirname(path)],
-            capture_output=True,
-            text=True,
-            timeout=400,
-        )
-        if r.returncode != 0 or not os.access(path, os.X_OK):
-            pytest.skip(f"helm is not available and could not be fetched: {r.stderr.strip()}")
-    return path
-
-
-def run_helm(helm, *args, check=True):
-    r = subprocess.run([helm, *args], capture_output=True, text=True, timeout=60)
-    if check:
-        assert r.returncode == 0, f"helm {' '.join(args)}:\n{r.stdout}\n{r.stderr}"
-    return r
-
-
-def render(helm, values=None, sets=(), chart=CHART):
-    args = ["template", RELEASE, chart, "--namespace", NAMESPACE]
-    if values:
-        args += ["-f", values]
-    for s in sets:
-        args += ["--set", s]
-    docs = [d for d in yaml.safe_load_all(run_helm(helm, *args).stdout) if d]
-    return {(d["kind"], d["metadata"]["name"]): d for d in docs}
-
-
-def notes(helm, values=None, sets=()):
-    """NOTES.txt as a user sees it, rendered by helm's own engine: helm
-    template skips NOTES.txt, so a copy of the chart renders it through
-    `tpl` into a ConfigMap."""
-    with tempfile.TemporaryDirectory() as tmp:
-        chart = os.path.join(tmp, "tally")
-        shutil.copytree(CHART, chart)
-        os.makedirs(os.path.join(chart, "notes"))
-        shutil.copy(
-            os.path.join(chart, "templates", "NOTES.txt"), os.path.join(chart, "notes", "NOTES.txt")
-        )
-        with open(os.path.join(chart, "templates", "zz-notes.yaml"), "w") as f:
-            f.write(
-                "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: notes\n"
-                'data:\n  notes: {{ tpl (.Files.Get "notes/NOTES.txt") . | quote }}\n'
-            )
-        return render(helm, values, sets, chart=chart)[("ConfigMap", "notes")]["data"]["notes"]
-
-
-def values_of(path):
-    with open(os.path.join(CHART, "values.yaml")) as f:
-        v = yaml.safe_load(f)
-    with open(path) as f:
-        v.update(yaml.safe_load(f) or {})
-    return v
-
-
-def statefulset(objs):
-    (sts,) = [o for (k, _), o in objs.items() if k == "StatefulSet"]
-    return sts
-
-
-def reducer_script(sts):
-    c = sts["spec"]["template"]["spec"]["containers"][0]
-    assert c["command"] == ["/bin/sh", "-c"]
-    return c["args"][0]
+from chart import (
+    CHART,
+    NAMESPACE,
+    RELEASE,
+    VALUES,
+    notes,
+    reducer_script,
+    render,
+    run_helm,
+    statefulset,
+    values_of,
+)
 
 
 @pytest.mark.parametrize("values", VALUES, ids=os.path.basename)
@@ -245,8 +180,9 @@ def test_the_network_policy_is_on_by_default_and_admits_the_namespace(helm):
     objs = render(helm)
     (np,) = [o for (k, _), o in objs.items() if k == "NetworkPolicy"]
     data, http = np["spec"]["ingress"]
-    pool_pods, workers = data["from"]
-    assert "namespaceSelector" not in pool_pods and "namespaceSelector" not in workers
+    pool_pods, test_pod, workers = data["from"]
+    assert all("namespaceSelector" not in p for p in (pool_pods, test_pod, workers))
+    assert test_pod["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "test"
     assert workers["podSelector"] == {}  # the release's namespace only
     (scrapers,) = http["from"]
     assert scrapers["namespaceSelector"] == {} and scrapers["podSelector"] == {}  # any namespace
@@ -280,127 +216,22 @@ def test_by_default_the_chart_generates_the_pools_secret_and_requires_it(helm):
     assert not any(k == "Secret" for k, _ in render(helm, sets=["auth.existingSecret=s"]))
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def http_get(port, host, path):
-    try:
-        with urllib.request.urlopen(f"http://{host}:{port}{path}", timeout=2) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
-    except OSError as e:
-        return None, str(e)
-
-
-@pytest.mark.parametrize("values", [p for p in VALUES if "fabric" not in p], ids=os.path.basename)
-def test_pod_command_starts_a_pool_that_gets_ready(helm, values, tmp_path):
-    """Runs the StatefulSet's command for every ordinal, as the pods would,
-    with only the addresses moved to loopback: pod i listens on 127.0.0.(i+1)
-    and the pool's DNS names become those addresses."""
-    reducer = os.environ.get("TALLY_REDUCER")
-    if not reducer or not os.access(reducer, os.X_OK):
-        pytest.skip("TALLY_REDUCER is not set to a tally-reducer binary")
-    v = values_of(values)
-    port, http = free_port(), free_port()
-    budget = 64 << 20
-    chunk = 1 << 20  # small enough for a test machine, still valid for the chart
-    objs = render(
-        helm,
-        values,
-        sets=[
-            f"port={port}",
-            f"httpPort={http}",
-            f"memoryBudgetBytes={budget}",
-            f"maxChunkBytes={chunk}",
-            "window=2",
-            "logLevel=info",
-        ],
-    )
-    sts = statefulset(objs)
-    name = sts["metadata"]["name"]
-    n = sts["spec"]["replicas"]
-    script = reducer_script(sts)
-    dns = f"{name}-{{0..{n - 1}}}.{name}.{NAMESPACE}.svc.{v['clusterDomain']}:{port}"
-    assert dns in script
-    # The Secret's mount, as kubelet would fill it.
-    auth = tmp_path / "auth"
-    auth.mkdir()
-    (auth / "job-secret").write_text("job-" + "j" * 32)
-    (auth / "pool-secret").write_text("pool-" + "p" * 32)
-    for name in ("job-secret", "pool-secret"):  # the chart's defaultMode, our own group
-        os.chmod(auth / name, 0o440)
-    script = script.replace("/etc/tally/auth/", f"{auth}/")
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    os.symlink(os.path.abspath(reducer), bindir / "tally-reducer")
-    procs = []
-    try:
-        for i in range(n):
-            local = script.replace("0.0.0.0", f"127.0.0.{i + 1}").replace(
-                dns, f"127.0.0.{{1..{n}}}:{port}"
-            )
-            env = dict(os.environ, HOSTNAME=f"{name}-{i}", PATH=f"{bindir}:{os.environ['PATH']}")
-            log = open(tmp_path / f"reducer-{i}.log", "w")
-            procs.append(
-                subprocess.Popen(["/bin/sh", "-c", local], env=env, stderr=log, stdout=log)
-            )
-        deadline = time.monotonic() + 20
-        pending = set(range(n))
-        while pending and time.monotonic() < deadline:
-            for i in list(pending):
-                assert procs[i].poll() is None, (tmp_path / f"reducer-{i}.log").read_text()
-                status, _ = http_get(http, f"127.0.0.{i + 1}", "/readyz")
-                if status == 200:
-                    pending.discard(i)
-            time.sleep(0.1)
-        assert not pending, {i: http_get(http, f"127.0.0.{i + 1}", "/readyz") for i in pending}
-        for i in range(n):
-            status, text = http_get(http, f"127.0.0.{i + 1}", "/metrics")
-            assert status == 200
-            info = re.search(
-                r'tally_reducer_info\{[^}]*shard="(\d+)",shards="(\d+)",group="(\d+)",groups="(\d+)"',
-                text,
-            )
-            assert info, text[:500]
-            assert tuple(map(int, info.groups())) == (
-                i % v["shards"],
-                v["shards"],
-                i // v["shards"],
-                v["groups"],
-            )
-            links = re.search(r"^tally_replica_links_up (\S+)$", text, re.M)
-            assert float(links.group(1)) == v["groups"] - 1
-            log = (tmp_path / f"reducer-{i}.log").read_text()
-            # Every values file has a Secret (given or generated), required.
-            assert "authentication is not required" not in log, log
-            assert "protected mode" not in log and "insecure" not in log, log
-    finally:
-        for p in procs:
-            p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                assert p.wait(timeout=10) == 0
-            except subprocess.TimeoutExpired:
-                p.kill()
-                raise
-
-
+@pytest.mark.parametrize("kubernetes", ["kubernetes-1.27", "kubernetes-1.34"])
 @pytest.mark.parametrize("values", VALUES, ids=os.path.basename)
-def test_objects_validate_against_the_kubernetes_schemas(helm, values):
-    """Offline, with the npm package kubernetes-models (types and required
-    fields; it does not report unknown fields)."""
+def test_objects_validate_against_the_kubernetes_schemas(helm, values, kubernetes):
+    """Offline, with the npm package kubernetes-models of two Kubernetes
+    versions (types and required fields; it does not report unknown fields).
+    The helm test pod is among the objects."""
     models = os.path.join(os.path.dirname(helm), "k8s", "node_modules")
-    if not shutil.which("node") or not os.path.isdir(os.path.join(models, "kubernetes-models")):
-        pytest.skip(
-            f"node or kubernetes-models (deploy/fetch-helm.sh puts it in {models}) is missing"
-        )
+    if not shutil.which("node") or not os.path.isdir(os.path.join(models, kubernetes)):
+        pytest.skip(f"node or {kubernetes} (deploy/fetch-helm.sh puts it in {models}) is missing")
     objs = list(render(helm, values).values())
     r = subprocess.run(
-        ["node", os.path.join(os.path.dirname(__file__), "validate_k8s.js")],
+        [
+            "node",
+            os.path.join(os.path.dirname(__file__), "validate_k8s.js"),
+            os.path.join(models, kubernetes),
+        ],
         input=json.dumps(objs),
         capture_output=True,
         text=True,

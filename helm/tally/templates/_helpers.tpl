@@ -1,19 +1,45 @@
 {{/*
-Names. The StatefulSet's pods are <fullname>-<ordinal>; 52 characters leave
-room for the ordinal and the controller-revision-hash label.
+Names. nameOverride replaces the chart's name in names and labels;
+fullnameOverride replaces the whole prefix of every object's name. The
+StatefulSet's pods are <fullname>-<ordinal>; 52 characters leave room for
+the ordinal and the controller-revision-hash label.
 */}}
+{{- define "tally.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 52 | trimSuffix "-" -}}
+{{- end -}}
+
 {{- define "tally.fullname" -}}
-{{- if contains .Chart.Name .Release.Name -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 52 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := include "tally.name" . -}}
+{{- if contains $name .Release.Name -}}
 {{- .Release.Name | trunc 52 | trimSuffix "-" -}}
 {{- else -}}
-{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 52 | trimSuffix "-" -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 52 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The reducers' ServiceAccount: the chart's own, or serviceAccount.name. */}}
+{{- define "tally.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "tally.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
 {{- end -}}
 {{- end -}}
 
 {{- define "tally.selectorLabels" -}}
-app.kubernetes.io/name: {{ .Chart.Name }}
-app.kubernetes.io/instance: {{ .Release.Name }}
+{{ include "tally.instanceLabels" . }}
 app.kubernetes.io/component: reducer
+{{- end -}}
+
+{{/* The release's labels without a component: the reducers' selector adds
+    component reducer, the helm test pod component test. */}}
+{{- define "tally.instanceLabels" -}}
+app.kubernetes.io/name: {{ include "tally.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
 {{- define "tally.labels" -}}
@@ -98,4 +124,31 @@ chart generates for the release (auth.generate), or "" for none.
 {{- else if .Values.auth.generate -}}
 {{- printf "%s-auth" (include "tally.fullname" .) -}}
 {{- end -}}
+{{- end -}}
+
+{{/*
+The container's resources: .Values.resources as given (cpu, extended
+resources such as vpc.amazonaws.com/efa or rdma/hca, hugepages, claims),
+with memory requested and limited at budget + overhead. A memory given there
+fails rendering: the reducer maps its budget at start, so the container's
+memory follows from memoryBudgetBytes and memoryOverheadBytes.
+*/}}
+{{- define "tally.resources" -}}
+{{- $resources := deepCopy (.Values.resources | default dict) -}}
+{{- $memory := include "tally.memory" . -}}
+{{- range $kind := list "requests" "limits" -}}
+{{- $given := index $resources $kind | default dict -}}
+{{- if hasKey $given "memory" -}}
+{{- fail (printf "resources.%s.memory is derived from the budget (memoryBudgetBytes + memoryOverheadBytes = %s bytes): set those instead" $kind $memory) -}}
+{{- end -}}
+{{- $_ := set $given "memory" $memory -}}
+{{- $_ := set $resources $kind $given -}}
+{{- end -}}
+{{- toYaml $resources -}}
+{{- end -}}
+
+{{/* One word for the reducer's sh -c command line: single-quoted, with any
+    single quote in it closed, escaped and reopened. */}}
+{{- define "tally.shellQuote" -}}
+'{{ replace "'" "'\\''" (toString .) }}'
 {{- end -}}
