@@ -76,10 +76,16 @@ check_image() {
   port=$((20000 + RANDOM % 20000))
   http=$((port + 1))
   local reducer_pid
-  unshare --mount --pid --fork --kill-child chroot --userspec=10001:10001 "$root" \
+  # The namespace's first process stays root so that it keeps unshare's
+  # --kill-child signal (a change of user clears it): when unshare is
+  # killed, it dies, and with it everything in its pid namespace.
+  # shellcheck disable=SC2016
+  unshare --mount --pid --fork --kill-child sh -c \
+    'chroot --userspec=10001:10001 "$0" "$@" & wait' "$root" \
     tally-reducer --listen "127.0.0.1:$port" --http-listen "127.0.0.1:$http" &
   reducer_pid=$!
-  trap 'kill $reducer_pid 2>/dev/null || true; wait $reducer_pid 2>/dev/null || true; podman image unmount "$image" >/dev/null' RETURN
+  # unshare ignores SIGTERM while it waits for its child: SIGKILL it.
+  trap 'kill -KILL $reducer_pid 2>/dev/null || true; wait $reducer_pid 2>/dev/null || true; podman image unmount "$image" >/dev/null' RETURN
   local deadline=$((SECONDS + 30))
   until [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$http/readyz")" = 200 ]; do
     ((SECONDS < deadline)) || { echo "image.sh: the reducer did not get ready" >&2; return 1; }
