@@ -216,7 +216,7 @@ def worker(rank, args, pool, job, init_method):
         )
         raise
     # Mean over ranks of the local losses: the loss of the global batch.
-    mean = torch.tensor(losses, dtype=torch.float64)
+    mean = torch.tensor(losses, dtype=torch.float64, device=device if group == "nccl" else "cpu")
     dist.all_reduce(mean)
     mean /= world
     if rank == 0:

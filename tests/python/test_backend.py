@@ -97,3 +97,17 @@ def test_init_process_group_tally_under_a_launchers_environment(tmp_path):
     # The job is torchrun's run and incarnation: a new incarnation is a new job.
     assert "rank 0/2 of job '%s-3' joined" % run_id in log, log
     assert "rank 1/2 of job '%s-3' joined" % run_id in log, log
+
+
+def test_an_unknown_inner_backend_is_refused(monkeypatch):
+    import datetime
+
+    import pytest
+    import torch.distributed as dist
+
+    import tally
+    import tally.torch
+
+    monkeypatch.setenv("TALLY_INNER_BACKEND", "mpi")
+    with pytest.raises(tally.InvalidArgumentError, match="TALLY_INNER_BACKEND='mpi'"):
+        tally.torch.ProcessGroupTally(dist.HashStore(), 0, 1, datetime.timedelta(seconds=5))

@@ -3,7 +3,8 @@ pool: pieces copied to host buffers, each piece an op started as its copy
 lands, results copied back piece by piece), driven here with HostCopier,
 which runs the same pipeline on host tensors with a copy thread standing for
 the CUDA stream, against a real pool. The pipeline on a GPU is the same code
-with CudaCopier (docs/pytorch.md has the run on a GPU machine)."""
+with CudaCopier, which the tests take too where torch sees a GPU
+(docs/pytorch.md has the run on a GPU machine)."""
 
 import numpy as np
 import pytest
@@ -21,16 +22,34 @@ def small_pieces(monkeypatch):
     monkeypatch.setattr(tally.staging, "PIECE_BYTES", 4096)
 
 
-class CountingCopier(tally.staging.HostCopier):
-    """HostCopier that counts the host buffers it allocates."""
+def counting(copier_class):
+    """copier_class, counting the host buffers it allocates."""
 
-    def __init__(self):
-        super().__init__()
-        self.allocated = 0
+    class Counting(copier_class):
+        allocated = 0
 
-    def host(self, numel, dtype):
-        self.allocated += 1
-        return super().host(numel, dtype)
+        def host(self, numel, dtype):
+            self.allocated += 1
+            return super().host(numel, dtype)
+
+    return Counting
+
+
+# Where the buckets are: host tensors through HostCopier, everywhere; CUDA
+# tensors through CudaCopier, where there is a GPU.
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda",
+        marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"),
+    ),
+]
+
+
+def copier_for(device):
+    if device == "cpu":
+        return counting(tally.staging.HostCopier)()
+    return counting(tally.staging.CudaCopier)(torch.device(device))
 
 
 def test_pieces_cover_the_tensor_evenly():
@@ -45,18 +64,21 @@ def test_pieces_cover_the_tensor_evenly():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("op", ["sum", "avg"])
-def test_staged_ops_in_flight_on_reused_tensors_are_exact(pool, small_pieces, dtype, op):
+@pytest.mark.parametrize("device", DEVICES)
+def test_staged_ops_in_flight_on_reused_tensors_are_exact(pool, small_pieces, dtype, op, device):
     """DDP's shape: 3 buckets of different sizes reused step after step, all
     three in flight, each cut into pieces; every result exact, and the host
     buffers allocated in the first step only."""
     world, steps = 2, 4
     sizes = [3000, 1025, 2048]  # float32: 3, 2 and 2 pieces of 4 KiB
-    clients = connect(pool.address, new_job("staged-%s-%s" % (str(dtype)[6:], op)), world)
+    clients = connect(
+        pool.address, new_job("staged-%s-%s-%s" % (str(dtype)[6:], op, device)), world
+    )
 
     def run(rank, client):
-        copier = CountingCopier()
+        copier = copier_for(device)
         stager = tally.staging.Stager(client, copier)
-        buckets = [torch.empty(n, dtype=dtype) for n in sizes]
+        buckets = [torch.empty(n, dtype=dtype, device=device) for n in sizes]
         for step in range(steps):
             handles = []
             for b, t in enumerate(buckets):
@@ -72,7 +94,7 @@ def test_staged_ops_in_flight_on_reused_tensors_are_exact(pool, small_pieces, dt
                 want = sum((pattern(r, t.numel(), seed) % 64 * 2) for r in range(world))
                 want = want / world if op == "avg" else want
                 np.testing.assert_array_equal(
-                    t.float().numpy(),
+                    t.float().cpu().numpy(),  # after wait(), on this thread's stream
                     want.astype(np.float32),
                     err_msg="step %d bucket %d" % (step, b),
                 )

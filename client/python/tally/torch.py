@@ -115,11 +115,19 @@ class ProcessGroupTally(_dist.ProcessGroup):
     The pool and its options come from the TALLY_* environment (TALLY_POOL
     at least); rank and world size from the process group; the job name from
     TALLY_JOB, else torchrun's TORCHELASTIC_RUN_ID, else one made for this
-    process group and shared through its store.
+    process group and shared through its store. TALLY_INNER_BACKEND=gloo
+    keeps CUDA tensors' other collectives on gloo too (nccl refuses ranks
+    that share a GPU).
     """
 
     def __init__(self, store, rank, size, timeout):
         super().__init__(rank, size)
+        inner = os.environ.get("TALLY_INNER_BACKEND", "nccl")
+        if inner not in ("gloo", "nccl"):
+            raise _tally.InvalidArgumentError(
+                "TALLY_INNER_BACKEND=%r: expected gloo or nccl" % inner
+            )
+        self._cuda_inner = inner if _dist.is_nccl_available() else "gloo"
         self._store, self._timeout = store, timeout
         self._gloo = _dist.ProcessGroupGloo(
             _dist.PrefixStore("tally-gloo", store), rank, size, timeout
@@ -133,7 +141,7 @@ class ProcessGroupTally(_dist.ProcessGroup):
 
     def _inner(self, tensors):
         """The process group for collectives tally does not do."""
-        if tensors and tensors[0].device.type == "cuda" and _dist.is_nccl_available():
+        if tensors and tensors[0].device.type == "cuda" and self._cuda_inner == "nccl":
             with self._nccl_lock:
                 if self._nccl is None:
                     self._nccl = _dist.ProcessGroupNCCL(
