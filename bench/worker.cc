@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "reducer_traffic.h"
@@ -74,17 +75,341 @@ std::string link_rate_string(uint64_t bits) {
   return std::to_string(bits) + "bit";
 }
 
+// One rank's sweep: the client, the sweep's buffer, and (rank 0) the rows.
+class Sweep {
+ public:
+  Sweep(const SweepOptions& sweep, const ClientOptions& options, Client& client, DType dtype,
+        RedOp redop, void* mem)
+      : sweep_(sweep),
+        options_(options),
+        client_(client),
+        dtype_(dtype),
+        redop_(redop),
+        esize_(dtype_size(dtype)),
+        mem_(mem),
+        leader_(client.rank() == 0),
+        measure_(!sweep.reducer_metrics.empty()),
+        group_sizes_(default_group_sizes(client.world_size(), client.groups())) {}
+
+  bool leader() const { return leader_; }
+  bool measure() const { return measure_; }
+  const std::vector<Row>& rows() const { return rows_; }
+
+  void print_header() const;
+  // Checks, warms up, times and gathers one size; rank 0 prints its row.
+  Result<Row> run_row(size_t bytes, uint64_t seed);
+  double print_summary(bool wrong) const;  // returns the mean algbw
+  void print_reducer_bytes() const;
+  Status write_json(double avg_busbw) const;
+
+ private:
+  size_t checked_op(size_t count, uint64_t seed, Status& status);
+  std::vector<ReducerRow> reducer_rows(const std::vector<Counters>& before,
+                                       const std::vector<Counters>& after, size_t count,
+                                       uint64_t first_timed) const;
+  // Every rank takes part; rank 0 reads the counters while the others wait.
+  Status barrier() {
+    double value = 0;
+    return client_.allreduce(&value, 1, DType::kFloat64, RedOp::kSum);
+  }
+  // The counters are live: results are counted before they are sent, so
+  // once every rank has its results the counters hold them.
+  Result<std::vector<Counters>> snapshot() const;
+  std::string wire_name() const;
+  double timed_cpu() const;
+  double timed_gb() const;  // sent by the ranks in the timed loops
+
+  const SweepOptions& sweep_;
+  const ClientOptions& options_;
+  Client& client_;
+  const DType dtype_;
+  const RedOp redop_;
+  const size_t esize_;
+  void* const mem_;
+  const bool leader_;
+  const bool measure_;
+  const std::vector<uint32_t> group_sizes_;
+  std::vector<Row> rows_;  // rank 0's
+};
+
+std::string Sweep::wire_name() const {
+  if (!options_.wire_dtype) return "native";
+  std::string wire(dtype_name(*options_.wire_dtype));
+  if (options_.wire_result == DType::kFloat32) wire += " (float32 results)";
+  return wire;
+}
+
+void Sweep::print_header() const {
+  std::printf("# tally-bench %s (%s) transport=%s W=%u S=%u G=%u chunk=%s wire=%s link-rate=%s\n",
+              TALLY_VERSION, git_sha(), options_.transport.c_str(), client_.world_size(),
+              client_.shards(), client_.groups(),
+              options_.chunk_bytes ? human_bytes(options_.chunk_bytes).c_str() : "auto",
+              wire_name().c_str(), link_rate_string(options_.link_rate_bits).c_str());
+  std::printf(
+      "# reduction server: every worker sends and receives the buffer once, so busbw = algbw\n");
+  std::printf(
+      "# warm-up %d, timed %d iterations; time is the mean over ranks; #wrong is checked "
+      "outside the timed loop\n#\n",
+      sweep_.warmup, sweep_.iters);
+  std::fputs(table_header().c_str(), stdout);
+  std::fflush(stdout);
+}
+
+Result<std::vector<Counters>> Sweep::snapshot() const {
+  std::vector<Counters> out;
+  if (!leader_) return out;
+  for (auto& address : sweep_.reducer_metrics) {
+    auto c = read_counters(address);
+    if (!c) return c.status();
+    out.push_back(*c);
+  }
+  return out;
+}
+
+size_t Sweep::checked_op(size_t count, uint64_t seed, Status& status) {
+  switch (dtype_) {
+    case DType::kFloat32:
+      // On the bfloat16 wire the inputs are rounded: checked within its bound.
+      return run_check(client_, static_cast<float*>(mem_), count, dtype_, redop_, seed, status,
+                       options_.wire_dtype ? kBfloat16WireRelativeError : 0);
+    case DType::kFloat64:
+      return run_check(client_, static_cast<double*>(mem_), count, dtype_, redop_, seed, status);
+    case DType::kInt32:
+      return run_check(client_, static_cast<int32_t*>(mem_), count, dtype_, redop_, seed, status);
+    case DType::kInt64:
+      return run_check(client_, static_cast<int64_t*>(mem_), count, dtype_, redop_, seed, status);
+    default:
+      status = Status(ErrorCode::kUnimplemented, "bench cannot check " + sweep_.dtype);
+      return 0;
+  }
+}
+
+Result<Row> Sweep::run_row(size_t bytes, uint64_t seed) {
+  const size_t count = bytes / esize_;
+  Status status;
+  const size_t wrong = sweep_.check ? checked_op(count, seed, status) : 0;
+  for (int i = 0; status && i < sweep_.warmup; ++i)
+    status = client_.allreduce(mem_, count, dtype_, redop_);
+  std::vector<Counters> before;
+  if (measure_ && status) {
+    status = barrier();
+    auto counters = snapshot();
+    if (!counters) return counters.status();
+    before = std::move(*counters);
+    if (status) status = barrier();
+  }
+  const double cpu0 = rusage_cpu_seconds(RUSAGE_SELF);
+  const auto t0 = std::chrono::steady_clock::now();
+  uint64_t first_timed = 0;  // the timed ops' numbers follow it
+  for (int i = 0; status && i < sweep_.iters; ++i) {
+    const OpHandle op = client_.allreduce_async(mem_, count, dtype_, redop_);
+    if (i == 0) first_timed = op.op().value_or(0);
+    status = op.wait();
+  }
+  const auto t1 = std::chrono::steady_clock::now();
+  const double cpu1 = rusage_cpu_seconds(RUSAGE_SELF);
+  if (!status) {
+    return Status(status.code(),
+                  "all-reduce of " + std::to_string(bytes) + " bytes failed: " + status.message());
+  }
+  double stats[3] = {
+      std::chrono::duration<double, std::micro>(t1 - t0).count() / std::max(1, sweep_.iters),
+      static_cast<double>(wrong), cpu1 - cpu0};
+  status = client_.allreduce(stats, 3, DType::kFloat64, RedOp::kSum);
+  std::vector<Counters> after;
+  if (measure_ && status) {
+    auto counters = snapshot();
+    if (!counters) return counters.status();
+    after = std::move(*counters);
+    status = barrier();
+  }
+  if (!status) return Status(status.code(), "gathering results failed: " + status.message());
+  Row row{count * esize_, count, stats[0] / client_.world_size(), 0, stats[1], stats[2], {}};
+  row.algbw = row.time_us > 0 ? static_cast<double>(row.bytes) / row.time_us / 1e3 : 0;
+  if (!leader_) return row;
+  if (measure_) row.reducers = reducer_rows(before, after, count, first_timed);
+  rows_.push_back(row);
+  std::fputs(format_row(TableRow{row.bytes, row.count, std::string(dtype_name(dtype_)),
+                                 std::string(redop_name(redop_)), row.time_us, row.algbw, row.algbw,
+                                 row.wrong})
+                 .c_str(),
+             stdout);
+  std::fflush(stdout);
+  return row;
+}
+
+std::vector<ReducerRow> Sweep::reducer_rows(const std::vector<Counters>& before,
+                                            const std::vector<Counters>& after, size_t count,
+                                            uint64_t first_timed) const {
+  std::vector<ReducerRow> out;
+  const double n = sweep_.iters;
+  // A small op's plan turns over the shards with its number (op % S): the
+  // mean over the timed ops, one plan per turn weighed by how many timed
+  // ops take it.
+  const int turns = std::min<int>(sweep_.iters, static_cast<int>(client_.shards()));
+  for (uint32_t g = 0; g < client_.groups(); ++g) {
+    for (uint32_t s = 0; s < client_.shards(); ++s) {
+      const size_t i = pool_index(g, s, client_.shards());
+      ReducerRow rr;
+      rr.shard = s;
+      rr.group = g;
+      rr.measured.worker_in = (after[i].worker_in - before[i].worker_in) / n;
+      rr.measured.worker_out = (after[i].worker_out - before[i].worker_out) / n;
+      rr.measured.replica_in = (after[i].replica_in - before[i].replica_in) / n;
+      rr.measured.replica_out = (after[i].replica_out - before[i].replica_out) / n;
+      for (int t = 0; t < turns; ++t) {
+        const double ops = (sweep_.iters - t + turns - 1) / turns;
+        const Expected e = expected_bytes(client_.plan(count, dtype_, first_timed + t), esize_, s,
+                                          g, group_sizes_);
+        rr.expected.worker += e.worker * ops / n;
+        rr.expected.replica_in += e.replica_in * ops / n;
+        rr.expected.replica_out += e.replica_out * ops / n;
+      }
+      out.push_back(rr);
+    }
+  }
+  return out;
+}
+
+double Sweep::timed_cpu() const {
+  double cpu = 0;
+  for (auto& r : rows_) cpu += r.timed_cpu;
+  return cpu;
+}
+
+double Sweep::timed_gb() const {
+  double bytes = 0;
+  for (auto& r : rows_) bytes += static_cast<double>(r.bytes) * sweep_.iters * client_.world_size();
+  return bytes / 1e9;
+}
+
+double Sweep::print_summary(bool wrong) const {
+  double avg = 0;
+  for (auto& r : rows_) avg += r.algbw;
+  if (!rows_.empty()) avg /= static_cast<double>(rows_.size());
+  std::printf("# Out of bounds values : %s\n", wrong ? "FAILED" : "0 OK");
+  std::printf("# Avg bus bandwidth    : %.3f\n", avg);
+  const double cpu = timed_cpu(), gb = timed_gb();
+  std::printf("# cpu of the workers in the timed loops: %.2f s = %.2f s/GB sent (%.2f GB)\n#\n",
+              cpu, gb > 0 ? cpu / gb : 0.0, gb);
+  return avg;
+}
+
+void Sweep::print_reducer_bytes() const {
+  std::printf(
+      "# Payload bytes per op at each reducer (shard s, group g; w = workers of the group), "
+      "measured from its counters over the timed loop,\n"
+      "# and the formula's: workers w x N_s each way (N_s: shard s's bytes of the tensor); "
+      "replicas 2(P-1)/P x N_s each way\n"
+      "# (P: largest power of two <= groups with workers; +N_s for a replica paired with an "
+      "extra; an extra sends and receives N_s)\n");
+  std::printf("# %10s %3s %3s %3s %12s %12s %12s %12s | %12s %12s %12s\n", "size", "s", "g", "w",
+              "worker-in", "worker-out", "replica-in", "replica-out", "f:worker", "f:replica-in",
+              "f:replica-out");
+  for (const Row& r : rows_) {
+    for (const ReducerRow& rr : r.reducers) {
+      std::printf("  %10zu %3u %3u %3u %12.0f %12.0f %12.0f %12.0f | %12.0f %12.0f %12.0f\n",
+                  r.bytes, rr.shard, rr.group, group_sizes_[rr.group], rr.measured.worker_in,
+                  rr.measured.worker_out, rr.measured.replica_in, rr.measured.replica_out,
+                  rr.expected.worker, rr.expected.replica_in, rr.expected.replica_out);
+    }
+  }
+  std::printf("#\n");
+}
+
+Status Sweep::write_json(double avg_busbw) const {
+  using nlohmann::json;
+  json rows = json::array();
+  for (const Row& r : rows_) {
+    json row = {{"size", r.bytes},
+                {"count", r.count},
+                {"type", std::string(dtype_name(dtype_))},
+                {"redop", std::string(redop_name(redop_))},
+                {"time_us", r.time_us},
+                {"algbw_gbps", r.algbw},
+                {"busbw_gbps", r.algbw},
+                {"wrong", r.wrong}};
+    if (!r.reducers.empty()) {
+      json reducers = json::array();
+      for (const ReducerRow& rr : r.reducers) {
+        reducers.push_back({{"shard", rr.shard},
+                            {"group", rr.group},
+                            {"worker_in", rr.measured.worker_in},
+                            {"worker_out", rr.measured.worker_out},
+                            {"replica_in", rr.measured.replica_in},
+                            {"replica_out", rr.measured.replica_out},
+                            {"expected_worker", rr.expected.worker},
+                            {"expected_replica_in", rr.expected.replica_in},
+                            {"expected_replica_out", rr.expected.replica_out}});
+      }
+      row["reducers"] = std::move(reducers);
+    }
+    rows.push_back(std::move(row));
+  }
+  const json doc = {
+      {"tool", "tally-bench"},
+      {"version", TALLY_VERSION},
+      {"git", git_sha()},
+      {"transport", options_.transport},
+      {"workers", client_.world_size()},
+      {"shards", client_.shards()},
+      {"groups", client_.groups()},
+      {"chunk_bytes", options_.chunk_bytes},
+      {"wire_dtype",
+       options_.wire_dtype ? std::string(dtype_name(*options_.wire_dtype)) : "native"},
+      {"busbw_factor", 1.0},
+      {"rows", std::move(rows)},
+      {"avg_busbw_gbps", avg_busbw},
+      {"timed_worker_cpu_s", timed_cpu()},
+      {"timed_gb", timed_gb()},
+  };
+  std::ofstream out(sweep_.json_path);
+  out << doc.dump(1) << "\n";
+  if (!out) return Status(ErrorCode::kInvalidArgument, "cannot write " + sweep_.json_path);
+  return Status();
+}
+
+// The sweep's buffer: in huge pages where the kernel gives them, touched
+// once up front, unmapped at the end.
+class SweepBuffer {
+ public:
+  explicit SweepBuffer(size_t max_bytes) : capacity_((max_bytes + 4095) / 4096 * 4096 + 4096) {
+    mem_ = mmap(nullptr, capacity_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (mem_ == MAP_FAILED) {
+      mem_ = nullptr;
+      return;
+    }
+    madvise(mem_, capacity_, MADV_HUGEPAGE);
+    std::memset(mem_, 0, capacity_);
+  }
+  ~SweepBuffer() {
+    if (mem_) munmap(mem_, capacity_);
+  }
+  SweepBuffer(const SweepBuffer&) = delete;
+  SweepBuffer& operator=(const SweepBuffer&) = delete;
+  void* data() const { return mem_; }
+  size_t capacity() const { return capacity_; }
+
+ private:
+  size_t capacity_;
+  void* mem_;
+};
+
+// The client options of this rank: TALLY_* and the sweep's overrides.
+Result<ClientOptions> sweep_client_options(const SweepOptions& sweep) {
+  auto options = client_options_from_env();
+  if (!options) return options.status();
+  if (sweep.chunk_bytes) options->chunk_bytes = *sweep.chunk_bytes;
+  if (Status s = set_client_option(*options, "TALLY_WIRE_DTYPE", sweep.wire_dtype); !s) return s;
+  return options;
+}
+
 }  // namespace
 
 int run_worker(const SweepOptions& sweep) {
-  auto options = client_options_from_env();
+  auto options = sweep_client_options(sweep);
   if (!options) {
     spdlog::error("{}", options.status().to_string());
-    return 2;
-  }
-  if (sweep.chunk_bytes) options->chunk_bytes = *sweep.chunk_bytes;
-  if (Status s = set_client_option(*options, "TALLY_WIRE_DTYPE", sweep.wire_dtype); !s) {
-    spdlog::error("{}", s.to_string());
     return 2;
   }
   auto dtype = parse_dtype(sweep.dtype);
@@ -99,267 +424,41 @@ int run_worker(const SweepOptions& sweep) {
     return 2;
   }
   Client& client = **connected;
-  const size_t esize = dtype_size(*dtype);
-  // One buffer for the whole sweep, in huge pages, touched once up front.
-  const size_t capacity = (sweep.max_bytes + 4095) / 4096 * 4096 + 4096;
-  void* mem = mmap(nullptr, capacity, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (mem == MAP_FAILED) {
-    spdlog::error("cannot map {} bytes", capacity);
+  SweepBuffer buffer(sweep.max_bytes);
+  if (!buffer.data()) {
+    spdlog::error("cannot map {} bytes", buffer.capacity());
     return 2;
   }
-  madvise(mem, capacity, MADV_HUGEPAGE);
-  std::memset(mem, 0, capacity);
-
-  const bool leader = client.rank() == 0;
-  const bool measure = !sweep.reducer_metrics.empty();
-  if (measure && sweep.reducer_metrics.size() != size_t{client.shards()} * client.groups()) {
+  Sweep run(sweep, *options, client, *dtype, *redop, buffer.data());
+  if (run.measure() && sweep.reducer_metrics.size() != size_t{client.shards()} * client.groups()) {
     spdlog::error("--reducer-metrics lists {} addresses for {} reducers",
                   sweep.reducer_metrics.size(), client.shards() * client.groups());
     return 2;
   }
-  const std::vector<uint32_t> group_sizes =
-      default_group_sizes(client.world_size(), client.groups());
-  // Every rank takes part; rank 0 reads the counters while the others wait.
-  double barrier_value = 0;
-  auto barrier = [&] { return client.allreduce(&barrier_value, 1, DType::kFloat64, RedOp::kSum); };
-  // The counters are live: results are counted before they are sent, so
-  // once every rank has its results the counters hold them.
-  Status scraped;
-  auto snapshot = [&] {
-    std::vector<Counters> out;
-    if (!leader) return out;
-    for (auto& address : sweep.reducer_metrics) {
-      auto c = read_counters(address);
-      if (!c) scraped = c.status();
-      out.push_back(c ? *c : Counters{});
-    }
-    return out;
-  };
-  std::vector<Row> rows;
-  if (leader) {
-    std::string wire = "native";
-    if (options->wire_dtype) {
-      wire = std::string(dtype_name(*options->wire_dtype));
-      if (options->wire_result == DType::kFloat32) wire += " (float32 results)";
-    }
-    std::printf("# tally-bench %s (%s) transport=%s W=%u S=%u G=%u chunk=%s wire=%s link-rate=%s\n",
-                TALLY_VERSION, git_sha(), options->transport.c_str(), client.world_size(),
-                client.shards(), client.groups(),
-                options->chunk_bytes ? human_bytes(options->chunk_bytes).c_str() : "auto",
-                wire.c_str(), link_rate_string(options->link_rate_bits).c_str());
-    std::printf(
-        "# reduction server: every worker sends and receives the buffer once, so busbw = algbw\n");
-    std::printf(
-        "# warm-up %d, timed %d iterations; time is the mean over ranks; #wrong is checked "
-        "outside the timed loop\n#\n",
-        sweep.warmup, sweep.iters);
-    std::fputs(table_header().c_str(), stdout);
-    std::fflush(stdout);
-  }
-  int exit_code = 0;
-  uint64_t row = 0;
+  if (run.leader()) run.print_header();
+  bool wrong = false;
+  uint64_t seed = 0;  // the row's number
   for (size_t bytes = sweep.min_bytes; bytes <= sweep.max_bytes;
        bytes = sweep.factor > 1 ? bytes * sweep.factor : bytes + 1) {
-    const size_t count = bytes / esize;
-    if (count == 0) continue;
-    const uint64_t seed = row++;
-    Status status;
-    size_t wrong = 0;
-    if (sweep.check) {
-      switch (*dtype) {
-        case DType::kFloat32:
-          // On the bfloat16 wire the inputs are rounded: checked within its bound.
-          wrong = run_check(client, static_cast<float*>(mem), count, *dtype, *redop, seed, status,
-                            options->wire_dtype ? kBfloat16WireRelativeError : 0);
-          break;
-        case DType::kFloat64:
-          wrong = run_check(client, static_cast<double*>(mem), count, *dtype, *redop, seed, status);
-          break;
-        case DType::kInt32:
-          wrong =
-              run_check(client, static_cast<int32_t*>(mem), count, *dtype, *redop, seed, status);
-          break;
-        case DType::kInt64:
-          wrong =
-              run_check(client, static_cast<int64_t*>(mem), count, *dtype, *redop, seed, status);
-          break;
-        default:
-          status = Status(ErrorCode::kUnimplemented, "bench cannot check " + sweep.dtype);
-      }
-    }
-    for (int i = 0; status && i < sweep.warmup; ++i)
-      status = client.allreduce(mem, count, *dtype, *redop);
-    std::vector<Counters> before;
-    if (measure && status) {
-      status = barrier();
-      before = snapshot();
-      if (status) status = barrier();
-    }
-    const double cpu0 = rusage_cpu_seconds(RUSAGE_SELF);
-    const auto t0 = std::chrono::steady_clock::now();
-    uint64_t first_timed = 0;  // the timed ops' numbers follow it
-    for (int i = 0; status && i < sweep.iters; ++i) {
-      const OpHandle op = client.allreduce_async(mem, count, *dtype, *redop);
-      if (i == 0) first_timed = op.op().value_or(0);
-      status = op.wait();
-    }
-    const auto t1 = std::chrono::steady_clock::now();
-    const double cpu1 = rusage_cpu_seconds(RUSAGE_SELF);
-    if (!status) {
-      spdlog::error("rank {}: all-reduce of {} bytes failed: {}", client.rank(), bytes,
-                    status.to_string());
+    if (bytes / dtype_size(*dtype) == 0) continue;
+    auto row = run.run_row(bytes, seed++);
+    if (!row) {
+      spdlog::error("rank {}: {}", client.rank(), row.status().to_string());
       return 1;
     }
-    double stats[3] = {
-        std::chrono::duration<double, std::micro>(t1 - t0).count() / std::max(1, sweep.iters),
-        static_cast<double>(wrong), cpu1 - cpu0};
-    status = client.allreduce(stats, 3, DType::kFloat64, RedOp::kSum);
-    std::vector<Counters> after;
-    if (measure && status) {
-      after = snapshot();
-      status = barrier();
-    }
-    if (!status) {
-      spdlog::error("rank {}: gathering results failed: {}", client.rank(), status.to_string());
-      return 1;
-    }
-    if (!scraped) {
-      spdlog::error("reading the reducers' /metrics failed: {}", scraped.to_string());
-      return 1;
-    }
-    Row row{count * esize, count, stats[0] / client.world_size(), 0, stats[1], stats[2], {}};
-    row.algbw = row.time_us > 0 ? static_cast<double>(row.bytes) / row.time_us / 1e3 : 0;
-    if (measure && leader) {
-      const double n = sweep.iters;
-      for (uint32_t g = 0; g < client.groups(); ++g) {
-        for (uint32_t s = 0; s < client.shards(); ++s) {
-          const size_t i = pool_index(g, s, client.shards());
-          ReducerRow rr;
-          rr.shard = s;
-          rr.group = g;
-          rr.measured.worker_in = (after[i].worker_in - before[i].worker_in) / n;
-          rr.measured.worker_out = (after[i].worker_out - before[i].worker_out) / n;
-          rr.measured.replica_in = (after[i].replica_in - before[i].replica_in) / n;
-          rr.measured.replica_out = (after[i].replica_out - before[i].replica_out) / n;
-          // A small op's plan turns over the shards with its number (op %
-          // S): the mean over the timed ops, one plan per turn weighed by
-          // how many timed ops take it.
-          const int turns = std::min<int>(sweep.iters, static_cast<int>(client.shards()));
-          for (int i = 0; i < turns; ++i) {
-            const double ops = (sweep.iters - i + turns - 1) / turns;
-            const Expected e = expected_bytes(client.plan(count, *dtype, first_timed + i), esize, s,
-                                              g, group_sizes);
-            rr.expected.worker += e.worker * ops / n;
-            rr.expected.replica_in += e.replica_in * ops / n;
-            rr.expected.replica_out += e.replica_out * ops / n;
-          }
-          row.reducers.push_back(rr);
-        }
-      }
-    }
-    if (row.wrong > 0) exit_code = 3;
-    if (leader) {
-      rows.push_back(row);
-      TableRow line{row.bytes,
-                    row.count,
-                    std::string(dtype_name(*dtype)),
-                    std::string(redop_name(*redop)),
-                    row.time_us,
-                    row.algbw,
-                    row.algbw,
-                    row.wrong};
-      std::fputs(format_row(line).c_str(), stdout);
-      std::fflush(stdout);
-    }
+    if (row->wrong > 0) wrong = true;
     if (sweep.factor <= 1 && bytes == sweep.max_bytes) break;
   }
-  if (leader) {
-    double avg = 0;
-    double timed_cpu = 0;
-    double timed_bytes = 0;  // sent by the ranks in the timed loops
-    for (auto& r : rows) {
-      avg += r.algbw;
-      timed_cpu += r.timed_cpu;
-      timed_bytes += static_cast<double>(r.bytes) * sweep.iters * client.world_size();
-    }
-    if (!rows.empty()) avg /= static_cast<double>(rows.size());
-    std::printf("# Out of bounds values : %s\n", exit_code == 0 ? "0 OK" : "FAILED");
-    std::printf("# Avg bus bandwidth    : %.3f\n", avg);
-    const double gb = timed_bytes / 1e9;
-    std::printf("# cpu of the workers in the timed loops: %.2f s = %.2f s/GB sent (%.2f GB)\n#\n",
-                timed_cpu, gb > 0 ? timed_cpu / gb : 0.0, gb);
-    if (measure) {
-      std::printf(
-          "# Payload bytes per op at each reducer (shard s, group g; w = workers of the group), "
-          "measured from its counters over the timed loop,\n"
-          "# and the formula's: workers w x N_s each way (N_s: shard s's bytes of the tensor); "
-          "replicas 2(P-1)/P x N_s each way\n"
-          "# (P: largest power of two <= groups with workers; +N_s for a replica paired with an "
-          "extra; an extra sends and receives N_s)\n");
-      std::printf("# %10s %3s %3s %3s %12s %12s %12s %12s | %12s %12s %12s\n", "size", "s", "g",
-                  "w", "worker-in", "worker-out", "replica-in", "replica-out", "f:worker",
-                  "f:replica-in", "f:replica-out");
-      for (const Row& r : rows) {
-        for (const ReducerRow& rr : r.reducers) {
-          std::printf("  %10zu %3u %3u %3u %12.0f %12.0f %12.0f %12.0f | %12.0f %12.0f %12.0f\n",
-                      r.bytes, rr.shard, rr.group, group_sizes[rr.group], rr.measured.worker_in,
-                      rr.measured.worker_out, rr.measured.replica_in, rr.measured.replica_out,
-                      rr.expected.worker, rr.expected.replica_in, rr.expected.replica_out);
-        }
-      }
-      std::printf("#\n");
-    }
-    if (!sweep.json_path.empty()) {
-      std::ofstream out(sweep.json_path);
-      out << "{\n  \"tool\": \"tally-bench\",\n  \"version\": \"" << TALLY_VERSION
-          << "\",\n  \"git\": \"" << git_sha() << "\",\n  \"transport\": \"" << options->transport
-          << "\",\n"
-          << "  \"workers\": " << client.world_size() << ",\n  \"shards\": " << client.shards()
-          << ",\n  \"groups\": " << client.groups()
-          << ",\n  \"chunk_bytes\": " << options->chunk_bytes << ",\n  \"wire_dtype\": \""
-          << (options->wire_dtype ? dtype_name(*options->wire_dtype) : "native") << "\""
-          << ",\n  \"busbw_factor\": 1.0,\n  \"rows\": [\n";
-      for (size_t i = 0; i < rows.size(); ++i) {
-        const Row& r = rows[i];
-        char line[512];
-        std::snprintf(
-            line, sizeof(line),
-            "    {\"size\": %zu, \"count\": %zu, \"type\": \"%s\", \"redop\": \"%s\", "
-            "\"time_us\": %.3f, \"algbw_gbps\": %.6f, \"busbw_gbps\": %.6f, \"wrong\": %.0f",
-            r.bytes, r.count, std::string(dtype_name(*dtype)).c_str(),
-            std::string(redop_name(*redop)).c_str(), r.time_us, r.algbw, r.algbw, r.wrong);
-        out << line;
-        if (!r.reducers.empty()) {
-          out << ", \"reducers\": [";
-          for (size_t j = 0; j < r.reducers.size(); ++j) {
-            const ReducerRow& rr = r.reducers[j];
-            std::snprintf(
-                line, sizeof(line),
-                "%s{\"shard\": %u, \"group\": %u, \"worker_in\": %.0f, \"worker_out\": %.0f, "
-                "\"replica_in\": %.0f, \"replica_out\": %.0f, \"expected_worker\": %.0f, "
-                "\"expected_replica_in\": %.0f, \"expected_replica_out\": %.0f}",
-                j ? ", " : "", rr.shard, rr.group, rr.measured.worker_in, rr.measured.worker_out,
-                rr.measured.replica_in, rr.measured.replica_out, rr.expected.worker,
-                rr.expected.replica_in, rr.expected.replica_out);
-            out << line;
-          }
-          out << "]";
-        }
-        out << "}" << (i + 1 < rows.size() ? "," : "") << "\n";
-      }
-      out << "  ],\n  \"avg_busbw_gbps\": " << avg << ",\n  \"timed_worker_cpu_s\": " << timed_cpu
-          << ",\n  \"timed_gb\": " << gb << "\n}\n";
-      if (!out) {
-        spdlog::error("cannot write {}", sweep.json_path);
-        return 2;
-      }
+  if (!run.leader()) return wrong ? 3 : 0;
+  const double avg = run.print_summary(wrong);
+  if (run.measure()) run.print_reducer_bytes();
+  if (!sweep.json_path.empty()) {
+    if (Status s = run.write_json(avg); !s) {
+      spdlog::error("{}", s.to_string());
+      return 2;
     }
   }
-  munmap(mem, capacity);
-  return exit_code;
+  return wrong ? 3 : 0;
 }
-
-// One transport's sweep from the driver: W worker processes against the
-// pool, and the CPU the reducers and the workers spent on it.
 
 }  // namespace tally::bench

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -49,15 +50,17 @@ TEST(Bench, SweepPrintsTheTableWithNoWrongResults) {
   for (const char* size : {"4096", "16384", "65536", "262144"}) {
     EXPECT_TRUE(contains(out, std::string("  ") + size + " ")) << out;
   }
-  const std::string json = read_file(dir + "/out.json");
-  EXPECT_TRUE(contains(json, "\"size\": 262144")) << json;
-  EXPECT_TRUE(contains(json, "\"wrong\": 0")) << json;
-  EXPECT_TRUE(contains(json, "\"timed_gb\": 0.00208896\n")) << json;
-  std::smatch cpu;
-  ASSERT_TRUE(std::regex_search(json, cpu, std::regex("\"timed_worker_cpu_s\": ([-0-9.e]+)")))
-      << json;
-  EXPECT_GT(std::stod(cpu[1]), 0) << json;
-  EXPECT_FALSE(contains(json, "\"wrong\": 1")) << json;
+  const std::string text = read_file(dir + "/out.json");
+  const auto json = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  ASSERT_FALSE(json.is_discarded()) << text;
+  EXPECT_EQ(json["workers"], 3) << text;
+  EXPECT_EQ(json["shards"], 2) << text;
+  EXPECT_EQ(json["chunk_bytes"], 65536) << text;
+  ASSERT_EQ(json["rows"].size(), 4u) << text;
+  EXPECT_EQ(json["rows"][3]["size"], 262144) << text;
+  for (const auto& row : json["rows"]) EXPECT_EQ(row["wrong"], 0) << text;
+  EXPECT_DOUBLE_EQ(json["timed_gb"].get<double>(), 0.00208896) << text;
+  EXPECT_GT(json["timed_worker_cpu_s"].get<double>(), 0) << text;
 }
 
 // A local pool of 2 shards x 3 groups: the table is correct and each
