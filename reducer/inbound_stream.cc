@@ -51,8 +51,8 @@ PayloadAction InboundStream::on_data_header(const FrameHeader& h) {
     const bool paused = action.kind == PayloadAction::Kind::kPause;
     if (paused != paused_) {
       paused_ = paused;
-      counters_->streams_paused.fetch_add(paused ? 1 : -1, std::memory_order_relaxed);
-      if (paused) counters_->stream_pauses.fetch_add(1, std::memory_order_relaxed);
+      counters_->add(Level::kStreamsPaused, paused ? 1 : -1);
+      if (paused) counters_->add(Count::kStreamPauses);
     }
     return action;
   }
@@ -83,8 +83,8 @@ void InboundStream::on_control(const wire::Control& message) {
       if (auto self = weak.lock()) self->admitted_(self);
     });
     if (session_) {
-      kind_ =
-          message.has_replica_hello() ? &counters_->replica_streams : &counters_->worker_streams;
+      kind_ = &(
+          *counters_)[message.has_replica_hello() ? Level::kReplicaStreams : Level::kWorkerStreams];
       kind_->fetch_add(1, std::memory_order_relaxed);
     }
   }
@@ -101,7 +101,7 @@ void InboundStream::on_closed(const Status& why) {
   if (hello_timer_) hello_timer_->cancel();
   if (kind_) kind_->fetch_sub(1, std::memory_order_relaxed);
   kind_ = nullptr;
-  if (paused_) counters_->streams_paused.fetch_sub(1, std::memory_order_relaxed);
+  if (paused_) counters_->add(Level::kStreamsPaused, -1);
   paused_ = false;
   if (session_) {
     session_->on_closed(why);

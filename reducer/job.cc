@@ -62,7 +62,7 @@ Job::Job(JobSettings settings, std::shared_ptr<SlabQuota> quota, ReducerCounters
       my_index_(index_of_group(participants_, settings_.group)),
       local_size_(settings_.group_sizes.empty() ? settings_.world_size
                                                 : settings_.group_sizes[settings_.group]),
-      butterfly_{participants_, mesh_.get(), counters_.replica_bytes_sent,
+      butterfly_{participants_, mesh_.get(), counters_[Count::kReplicaBytesSent],
                  [this](uint32_t group) { return left_group(group); },
                  [this](std::shared_ptr<Chunk> chunk) -> ReplicaMesh::SendDone {
                    return [self = shared_from_this(), chunk](const Status& status) {
@@ -385,7 +385,7 @@ bool Job::agrees_locked(const Chunk& chunk, const FrameHeader& h) {
 }
 
 void Job::on_contribution_payload(const FrameHeader& h, PendingContribution& pending) {
-  counters_.bytes_received.fetch_add(h.length, std::memory_order_relaxed);
+  counters_.add(Count::kWorkerBytesReceived, h.length);
   std::shared_ptr<Chunk> chunk = std::move(pending.chunk);
   std::shared_ptr<Slab> slab = std::move(pending.slab);
   const SlabRole role = pending.role;
@@ -415,7 +415,7 @@ void Job::send_final(const std::shared_ptr<Chunk>& chunk) {
   std::weak_ptr<Chunk> weak = chunk;
   for (uint32_t g : participants_) {
     if (g == settings_.group) continue;
-    counters_.replica_bytes_sent.fetch_add(h.length, std::memory_order_relaxed);
+    counters_.add(Count::kReplicaBytesSent, h.length);
     // A final that cannot be sent leaves that replica's chunk to time out.
     mesh_->send_partial(
         g, h, result, 0, deadline,
@@ -472,10 +472,10 @@ void Job::finish(const std::shared_ptr<Chunk>& chunk) {
   if (wide) out.length = count * dtype_size(accumulator_dtype(out.dtype));
   out.kind = FrameKind::kResult;
   out.rank = kReducerRank;
-  counters_.chunks_finished.fetch_add(1, std::memory_order_relaxed);
-  counters_.bytes_sent.fetch_add(out.length * members.size(), std::memory_order_relaxed);
+  counters_.add(Count::kChunksFinished);
+  counters_.add(Count::kWorkerBytesSent, out.length * members.size());
   if (op_began) {
-    counters_.ops_completed.fetch_add(1, std::memory_order_relaxed);
+    counters_.add(Count::kOpsCompleted);
     counters_.op_seconds.Observe(std::chrono::duration<double>(Clock::now() - *op_began).count());
   }
   for (auto& m : members) m->send_result(out, result);

@@ -205,7 +205,7 @@ bool Job::stale_partial_locked(const FrameHeader& h) const {
 }
 
 void Job::on_partial_payload(const FrameHeader& h, PendingPartial& pending) {
-  counters_.replica_bytes_received.fetch_add(h.length, std::memory_order_relaxed);
+  counters_.add(Count::kReplicaBytesReceived, h.length);
   std::shared_ptr<Slab> slab = std::move(pending.slab);
   const uint32_t from = pending.from_group;
   const uint64_t round = pending.round;

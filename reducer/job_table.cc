@@ -281,7 +281,7 @@ void JobTable::sweep(Job::Clock::time_point now) {
   if (!jobs) return;
   uint64_t straggling = 0;
   for (auto& job : *jobs) straggling += job->sweep(now);
-  counters_.straggler_ranks.store(straggling, std::memory_order_relaxed);
+  counters_.set(Level::kStragglerRanks, static_cast<int64_t>(straggling));
   // A job a replica announced whose workers never came here.
   for (auto& job : *jobs) {
     if (!job->abandoned(now)) continue;

@@ -378,7 +378,8 @@ int main(int argc, char** argv) {
       "done: {} chunks summed, {} bytes in, {} bytes out, {} replica bytes in, {} replica bytes "
       "out, "
       "{} ops failed",
-      stats.chunks_finished, stats.bytes_received, stats.bytes_sent, stats.replica_bytes_received,
-      stats.replica_bytes_sent, stats.ops_failed);
+      stats[tally::Count::kChunksFinished], stats[tally::Count::kWorkerBytesReceived],
+      stats[tally::Count::kWorkerBytesSent], stats[tally::Count::kReplicaBytesReceived],
+      stats[tally::Count::kReplicaBytesSent], stats[tally::Count::kOpsFailed]);
   return 0;
 }

@@ -50,6 +50,26 @@ MetricFamily by_reason(std::string name, std::string help,
   return family(std::move(name), std::move(help), MetricType::Counter, std::move(samples));
 }
 
+// The families of a description table (reducer_counters.h): one sample per
+// entry, entries of one family together.
+template <size_t N>
+void append_described(std::vector<MetricFamily>& out, const std::array<MetricInfo, N>& info,
+                      const std::array<uint64_t, N>& values, MetricType type) {
+  for (size_t i = 0; i < N; ++i) {
+    if (info[i].family.empty()) continue;
+    std::vector<ClientMetric::Label> labels;
+    if (!info[i].label.empty()) {
+      labels.push_back({std::string(info[i].label), std::string(info[i].value)});
+    }
+    ClientMetric m = sample(static_cast<double>(values[i]), type, std::move(labels));
+    if (i > 0 && info[i - 1].family == info[i].family) {
+      out.back().metric.push_back(std::move(m));
+    } else {
+      out.push_back(family(std::string(info[i].family), std::string(info[i].help), type, {m}));
+    }
+  }
+}
+
 }  // namespace
 
 std::vector<MetricFamily> reducer_metric_families(const ReducerStats& s, const ReducerIdentity& id,
@@ -66,28 +86,19 @@ std::vector<MetricFamily> reducer_metric_families(const ReducerStats& s, const R
                                 {"group", std::to_string(id.group)},
                                 {"groups", std::to_string(id.group_count)},
                                 {"transport", id.transport}})}));
-  out.push_back(family(
-      "tally_payload_bytes_received_total",
-      "Payload bytes received (frame headers and control messages not included), by peer kind.",
-      MetricType::Counter,
-      {sample(d(s.bytes_received), MetricType::Counter, {{"peer", "worker"}}),
-       sample(d(s.replica_bytes_received), MetricType::Counter, {{"peer", "replica"}})}));
-  out.push_back(
-      family("tally_payload_bytes_sent_total",
-             "Payload bytes queued for sending (results to workers, partial sums to replicas), by "
-             "peer kind.",
-             MetricType::Counter,
-             {sample(d(s.bytes_sent), MetricType::Counter, {{"peer", "worker"}}),
-              sample(d(s.replica_bytes_sent), MetricType::Counter, {{"peer", "replica"}})}));
-  out.push_back(single("tally_chunks_completed_total",
-                       "Chunks summed here and whose result was queued to the workers.",
-                       MetricType::Counter, d(s.chunks_finished)));
+  append_described(out, kCountInfo, s.counts, MetricType::Counter);
+  append_described(out, kLevelInfo, s.levels, MetricType::Gauge);
+  // Streams accepted but not yet routed by their hello: the rest of the
+  // open connections.
+  const size_t routed = s[Level::kWorkerStreams] + s[Level::kReplicaStreams];
+  for (MetricFamily& f : out) {
+    if (f.name != "tally_streams_active") continue;
+    f.metric.push_back(sample(d(s.connections > routed ? s.connections - routed : 0),
+                              MetricType::Gauge, {{"kind", "handshake"}}));
+  }
   out.push_back(by_reason("tally_chunks_failed_total",
                           "Chunks in flight here when their op failed, by the op's error code.",
                           s.chunks_failed_by_reason));
-  out.push_back(single("tally_ops_completed_total",
-                       "Ops whose every chunk on this reducer was completed.", MetricType::Counter,
-                       d(s.ops_completed)));
   out.push_back(by_reason("tally_ops_failed_total",
                           "Ops failed on this reducer, by error code (TIMEOUT, PEER_LOST, "
                           "MISMATCH, ...).",
@@ -102,21 +113,6 @@ std::vector<MetricFamily> reducer_metric_families(const ReducerStats& s, const R
   }
   out.push_back(single("tally_jobs_active", "Jobs with state on this reducer.", MetricType::Gauge,
                        d(s.jobs)));
-  const size_t routed = s.worker_streams + s.replica_streams;
-  out.push_back(family(
-      "tally_streams_active",
-      "Open streams: from workers, from other replicas, and accepted but not yet past hello.",
-      MetricType::Gauge,
-      {sample(d(s.worker_streams), MetricType::Gauge, {{"kind", "worker"}}),
-       sample(d(s.replica_streams), MetricType::Gauge, {{"kind", "replica"}}),
-       sample(d(s.connections > routed ? s.connections - routed : 0), MetricType::Gauge,
-              {{"kind", "handshake"}})}));
-  out.push_back(single("tally_streams_paused",
-                       "Streams not being read because their job's chunk buffers are all in use "
-                       "(back-pressure).",
-                       MetricType::Gauge, d(s.streams_paused)));
-  out.push_back(single("tally_stream_pauses_total", "Times a stream was paused for back-pressure.",
-                       MetricType::Counter, d(s.stream_pauses)));
   out.push_back(
       family("tally_slabs",
              "Chunk buffers by state: holding data, reserved by a job but idle, not reserved.",
@@ -127,10 +123,6 @@ std::vector<MetricFamily> reducer_metric_families(const ReducerStats& s, const R
   out.push_back(single("tally_slabs_per_job",
                        "Chunk buffers a new one-group job reserves (window + 2).",
                        MetricType::Gauge, d(s.slabs_per_job)));
-  out.push_back(single("tally_straggler_ranks",
-                       "Ranks some chunk here has waited on for longer than half the op timeout, "
-                       "as of the last 100 ms sweep.",
-                       MetricType::Gauge, d(s.straggler_ranks)));
   out.push_back(single("tally_replica_links_up",
                        "Other replicas of this shard with both streams up.", MetricType::Gauge,
                        d(s.replica_links_up)));

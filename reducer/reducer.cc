@@ -381,13 +381,10 @@ HostPort Reducer::address() const { return impl_->bound; }
 ReducerStats Reducer::stats() const {
   ReducerStats s;
   const ReducerCounters& c = *impl_->counters;
-  s.bytes_received = c.bytes_received.load();
-  s.bytes_sent = c.bytes_sent.load();
-  s.replica_bytes_received = c.replica_bytes_received.load();
-  s.replica_bytes_sent = c.replica_bytes_sent.load();
-  s.chunks_finished = c.chunks_finished.load();
-  s.ops_failed = c.ops_failed.load();
-  s.ops_completed = c.ops_completed.load();
+  for (size_t i = 0; i < kCounts; ++i) s.counts[i] = c.counts[i].load();
+  for (size_t i = 0; i < kLevels; ++i) {
+    s.levels[i] = static_cast<uint64_t>(std::max<int64_t>(0, c.levels[i].load()));
+  }
   for (size_t i = 0; i < ReducerCounters::kReasons; ++i) {
     const uint64_t ops = c.ops_failed_by[i].load();
     const uint64_t chunks = c.chunks_failed_by[i].load();
@@ -397,11 +394,6 @@ ReducerStats Reducer::stats() const {
     s.chunks_failed_by_reason[reason] = chunks;
   }
   s.op_seconds = c.op_seconds.Collect().histogram;
-  s.straggler_ranks = c.straggler_ranks.load();
-  s.worker_streams = static_cast<size_t>(std::max<int64_t>(0, c.worker_streams.load()));
-  s.replica_streams = static_cast<size_t>(std::max<int64_t>(0, c.replica_streams.load()));
-  s.streams_paused = static_cast<size_t>(std::max<int64_t>(0, c.streams_paused.load()));
-  s.stream_pauses = c.stream_pauses.load();
   s.slabs_total = impl_->pool->total();
   s.slabs_in_use = impl_->pool->in_use();
   const size_t unreserved = impl_->pool->available();

@@ -49,12 +49,12 @@ bool eventually_equal(const std::atomic<int>& value, int want) {
 
 TEST(Metrics, FamiliesAreNamedByConventionAndSerialisedByPrometheusCpp) {
   ReducerStats s;
-  s.bytes_received = 4096;
-  s.bytes_sent = 8192;
-  s.replica_bytes_received = 12;
-  s.replica_bytes_sent = 34;
-  s.chunks_finished = 7;
-  s.ops_completed = 3;
+  s[Count::kWorkerBytesReceived] = 4096;
+  s[Count::kWorkerBytesSent] = 8192;
+  s[Count::kReplicaBytesReceived] = 12;
+  s[Count::kReplicaBytesSent] = 34;
+  s[Count::kChunksFinished] = 7;
+  s[Count::kOpsCompleted] = 3;
   s.ops_failed_by_reason = {{"TIMEOUT", 2}};
   s.chunks_failed_by_reason = {{"TIMEOUT", 5}};
   prometheus::Histogram h({0.001, 0.01});
@@ -62,8 +62,8 @@ TEST(Metrics, FamiliesAreNamedByConventionAndSerialisedByPrometheusCpp) {
   h.Observe(0.005);
   h.Observe(5);
   s.op_seconds = h.Collect().histogram;
-  s.worker_streams = 4;
-  s.replica_streams = 1;
+  s[Level::kWorkerStreams] = 4;
+  s[Level::kReplicaStreams] = 1;
   s.connections = 6;
   s.slabs_in_use = 2;
   s.slabs_reserved_idle = 8;

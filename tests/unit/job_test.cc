@@ -180,12 +180,12 @@ TEST(Accumulator, OpCompletesWhenItsShardsChunksAreAllDone) {
   ASSERT_EQ(a0.kind, PayloadAction::Kind::kReceive);
   f.deliver(h0, p, a0.dst);
   EXPECT_EQ(f.members[0]->results.size(), 1u);
-  EXPECT_EQ(f.counters.ops_completed.load(), 0u);
+  EXPECT_EQ(f.counters[Count::kOpsCompleted].load(), 0u);
   auto h1 = f.header(0, 0, 1, 16, 32, 32, RedOp::kSum, 2);
   auto a1 = f.offer(h1, p);
   ASSERT_EQ(a1.kind, PayloadAction::Kind::kReceive);
   f.deliver(h1, p, a1.dst);
-  EXPECT_EQ(f.counters.ops_completed.load(), 1u);
+  EXPECT_EQ(f.counters[Count::kOpsCompleted].load(), 1u);
 }
 
 TEST(Accumulator, DisagreeingDtypeOrReductionFailsTheOp) {

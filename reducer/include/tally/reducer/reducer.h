@@ -4,6 +4,7 @@
 
 #include <prometheus/client_metric.h>
 
+#include <array>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -12,6 +13,7 @@
 #include <string>
 
 #include "tally/protocol/status.h"
+#include "tally/reducer/reducer_counters.h"
 #include "tally/reducer/reducer_options.h"
 
 namespace tally {
@@ -19,23 +21,18 @@ namespace tally {
 // A snapshot of the reducer's counters and gauges (docs/operations.md lists
 // their meaning as /metrics names them).
 struct ReducerStats {
-  uint64_t bytes_received = 0;  // payload bytes from workers
-  uint64_t bytes_sent = 0;      // payload bytes to workers
-  uint64_t replica_bytes_received = 0;
-  uint64_t replica_bytes_sent = 0;
-  uint64_t chunks_finished = 0;
-  uint64_t ops_failed = 0;
-  uint64_t ops_completed = 0;
+  // The counters (reducer_counters.h), levels clamped at 0.
+  std::array<uint64_t, kCounts> counts{};
+  std::array<uint64_t, kLevels> levels{};
+  uint64_t& operator[](Count c) { return counts[static_cast<size_t>(c)]; }
+  uint64_t& operator[](Level l) { return levels[static_cast<size_t>(l)]; }
+  uint64_t operator[](Count c) const { return counts[static_cast<size_t>(c)]; }
+  uint64_t operator[](Level l) const { return levels[static_cast<size_t>(l)]; }
   // By ErrorCode name ("TIMEOUT", ...); reasons never seen are absent.
   std::map<std::string, uint64_t> ops_failed_by_reason;
   std::map<std::string, uint64_t> chunks_failed_by_reason;
   // Seconds per completed op on this reducer (prometheus-cpp's buckets).
   prometheus::ClientMetric::Histogram op_seconds;
-  uint64_t straggler_ranks = 0;
-  size_t worker_streams = 0;
-  size_t replica_streams = 0;
-  size_t streams_paused = 0;
-  uint64_t stream_pauses = 0;
   // Chunk buffers: all, holding data, reserved by a job but idle, and not
   // reserved by any job; and what one more job (one group) reserves.
   size_t slabs_total = 0;
