@@ -22,6 +22,7 @@
 
 #include "peer_sweep.h"
 #include "tally/protocol/split.h"
+#include "tally/protocol/version.h"
 
 namespace {
 
@@ -50,6 +51,7 @@ int main(int argc, char** argv) {
   std::string store_dir, host = "127.0.0.1", algorithms = "ring_chunked,halving_doubling,allreduce";
   int timeout_s = 120;
   CLI::App app{"tally-peer-gloo: all-reduce sweeps through Gloo, for tally-bench --compare"};
+  app.set_version_flag("--version", "tally-peer-gloo " + tally::version_string());
   tally::bench::add_sweep_options(app, sweep);
   app.add_option("--rank", rank, "this rank")->required();
   app.add_option("--size", size, "number of ranks")->required()->check(CLI::Range(1, 4096));

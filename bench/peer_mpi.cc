@@ -10,6 +10,7 @@
 #include <string>
 
 #include "peer_sweep.h"
+#include "tally/protocol/version.h"
 
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
@@ -18,6 +19,7 @@ int main(int argc, char** argv) {
   tally::bench::PeerSweep sweep;
   CLI::App app{
       "tally-peer-mpi: all-reduce sweeps through MPI_Allreduce, for tally-bench --compare"};
+  app.set_version_flag("--version", "tally-peer-mpi " + tally::version_string());
   tally::bench::add_sweep_options(app, sweep);
   try {
     app.parse(argc, argv);

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
@@ -294,6 +295,15 @@ TEST(Cli, BinariesPrintTheirVersionAndRefuseAnUnknownLogLevel) {
                                "critical,off}"),
               std::string::npos)
         << typo.output;
+  }
+  // The peers beside tally-bench (built where Gloo and Open MPI are, as the
+  // compare test needs) say theirs too; mpirun is not needed for that.
+  const std::string dir = std::filesystem::path(TALLY_BENCH_PATH).parent_path().string();
+  for (const char* name : {"tally-peer-gloo", "tally-peer-mpi"}) {
+    auto shown = bench::run_command(dir + "/" + name, {"--version"});
+    EXPECT_TRUE(shown.ok()) << name << ": " << shown.output;
+    EXPECT_NE(shown.output.find(std::string(name) + " " + version + "\n"), std::string::npos)
+        << shown.output;
   }
   auto load = bench::run_command(TALLY_BENCH_PATH, {"load", "--log-level", "loud"});
   EXPECT_NE(load.status, 0);
