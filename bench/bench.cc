@@ -32,6 +32,7 @@
 #include <thread>
 
 #include "compare.h"
+#include "driver_options.h"
 #include "launch.h"
 #include "load.h"
 #include "tally/bench/local_pool.h"
@@ -210,6 +211,209 @@ int run_phase(const Phase& phase, const PhaseOptions& options) {
   return result;
 }
 
+// The pool a driver without --pool starts, run as a pool should: jobs
+// authenticate with a job secret made for this run (the handshake is
+// timed outside the sweep), in the lab when there is one.
+Result<std::unique_ptr<LocalPool>> start_local_pool(const DriverOptions& o,
+                                                    const std::string& secret_file,
+                                                    const Netlab* lab) {
+  LocalPoolOptions lo;
+  lo.shards = o.reducers;
+  lo.groups = o.groups;
+  lo.http = true;
+  const size_t max_chunk = std::max<size_t>(4u << 20, (o.chunk_bytes + 4095) / 4096 * 4096);
+  // Room for three jobs' reservations whatever the chunk size: with the
+  // reducers' default window of 8, a job needs 8 x (1 + 2F) + 2 buffers,
+  // F = 2 log2(P) + (1 if G > P) partials received per chunk (P: largest
+  // power of two <= G; F = 0 with one group).
+  const size_t receives = butterfly_max_receives(o.groups);
+  const size_t per_job = 8 * (1 + 2 * receives) + 2;
+  const size_t budget = std::max(o.memory_budget, std::max<size_t>(32, 3 * per_job) * max_chunk);
+  lo.extra_args = {"--io-threads",      std::to_string(o.io_threads),
+                   "--memory-budget",   std::to_string(budget),
+                   "--log-level",       o.log_level,
+                   "--max-chunk-bytes", std::to_string(max_chunk)};
+  if (Status st = lo.require_secret(secret_file); !st) return st;
+  if (!o.tcp_congestion.empty()) {
+    lo.extra_args.insert(lo.extra_args.end(), {"--tcp-congestion", o.tcp_congestion});
+  }
+  if (!o.link_rate.empty()) lo.extra_args.insert(lo.extra_args.end(), {"--link-rate", o.link_rate});
+  // A fabric pool serves tcp workers too: one pool for a side-by-side run.
+  const bool any_fabric =
+      std::find(o.transports.begin(), o.transports.end(), "fabric") != o.transports.end();
+  if (any_fabric) lo.extra_args.insert(lo.extra_args.end(), {"--transport", "fabric"});
+  if (!o.fabric_provider.empty()) {
+    lo.extra_args.insert(lo.extra_args.end(), {"--fabric-provider", o.fabric_provider});
+  }
+  if (lab) lo.place_in(*lab, o.workers);  // reducer i on host W + i
+  return LocalPool::start(lo);
+}
+
+PhaseOptions phase_options_of(const DriverOptions& o, const std::string& pool, LocalPool* local,
+                              const Netlab* lab, const std::string& secret_file) {
+  PhaseOptions p;
+  p.sweep = o.sweep;
+  p.pool = pool;
+  p.workers = o.workers;
+  p.groups = o.groups;
+  p.chunk_bytes = o.chunk_bytes;
+  p.wire_dtype = o.wire_dtype;
+  p.wire_result = o.wire_result;
+  p.op_timeout_ms = o.op_timeout_ms;
+  p.fabric_provider = o.fabric_provider;
+  p.log_level = o.log_level;
+  p.local = local;
+  p.lab = lab;
+  p.secret_file = secret_file;
+  p.tcp_congestion = o.tcp_congestion;
+  p.link_rate = o.link_rate;
+  p.deadline = std::chrono::steady_clock::now() + std::chrono::seconds(o.timeout_s);
+  return p;
+}
+
+// The lab's hosts by role, for its drop report: workers first, then reducers.
+std::vector<std::string> lab_roles(const DriverOptions& o) {
+  std::vector<std::string> roles;
+  for (uint32_t r = 0; r < o.workers; ++r) roles.push_back("worker " + std::to_string(r));
+  for (uint32_t i = 0; i < o.reducers * o.groups; ++i) {
+    roles.push_back("reducer " + std::to_string(i));
+  }
+  return roles;
+}
+
+// A driver run: its lab and pool, each transport's phase, then the peers.
+class Driver {
+ public:
+  Driver(const DriverOptions& o, const ScratchDir& scratch) : o_(o), scratch_(scratch) {}
+
+  // Makes the lab and the local pool as the options say; 0 or an exit code.
+  int set_up();
+  // Each transport's sweep; the first failure's exit code, 0, or 3 (wrong).
+  int run_phases();
+  void run_peers();
+  // Stops the pool and removes the lab; false when the lab stays.
+  bool tear_down();
+
+ private:
+  std::vector<Netlab::LinkStats> links() const {
+    if (!lab_) return {};
+    auto stats = lab_->link_stats();
+    if (!stats) spdlog::warn("cannot read the links' counters: {}", stats.status().to_string());
+    return stats ? *stats : std::vector<Netlab::LinkStats>{};
+  }
+
+  const DriverOptions& o_;
+  const ScratchDir& scratch_;
+  std::unique_ptr<Netlab> lab_;
+  std::vector<std::string> roles_;
+  std::unique_ptr<LocalPool> local_;
+  std::string secret_file_;
+  PhaseOptions phase_options_;
+  std::vector<NamedTable> tally_tables_;
+};
+
+int Driver::set_up() {
+  if (!o_.netlab_rate.empty()) {
+    auto made = Netlab::for_run(o_.workers + o_.reducers * o_.groups, o_.netlab_rate);
+    if (!made) {
+      spdlog::error("--netlab: {}", made.status().to_string());
+      return 2;
+    }
+    lab_ = std::move(*made);
+    roles_ = lab_roles(o_);
+    if (g_stop) return 130;
+  }
+  std::string pool = o_.pool;
+  if (pool.empty()) {
+    secret_file_ = scratch_.path() + "/job.secret";
+    auto started = start_local_pool(o_, secret_file_, lab_.get());
+    if (!started) {
+      spdlog::error("cannot start the local pool: {}", started.status().to_string());
+      return 2;
+    }
+    local_ = std::move(*started);
+    pool = local_->pool_string();
+  }
+  phase_options_ = phase_options_of(o_, pool, local_.get(), lab_.get(), secret_file_);
+  return 0;
+}
+
+int Driver::run_phases() {
+  std::vector<std::string> metrics =
+      local_ && o_.bytes_report ? local_->http_addresses() : std::vector<std::string>{};
+  if (!o_.metrics_list.empty()) {
+    auto expanded = expand_pool_pattern(o_.metrics_list);
+    if (!expanded) {
+      spdlog::error("--metrics: {}", expanded.status().to_string());
+      return 2;
+    }
+    metrics = *expanded;
+  }
+  const std::string job = o_.job.empty() ? "bench-" + std::to_string(getpid()) : o_.job;
+  int result = 0;
+  for (const std::string& transport : o_.transports) {
+    Phase phase;
+    phase.transport = transport;
+    phase.job = o_.transports.size() > 1 ? job + "-" + transport : job;
+    phase.json_path = o_.sweep.json_path;
+    phase.metrics = metrics;
+    if (!o_.peers.empty()) phase.stdout_path = scratch_.path() + "/tally-" + transport + ".out";
+    if (o_.transports.size() > 1 && !phase.json_path.empty()) {
+      const auto dot = phase.json_path.rfind('.');
+      phase.json_path.insert(dot == std::string::npos ? phase.json_path.size() : dot,
+                             "." + transport);
+    }
+    const auto before = links();
+    const int r = run_phase(phase, phase_options_);
+    if (lab_) print_link_drops("tally transport=" + transport, before, links(), roles_);
+    if (!phase.stdout_path.empty()) {
+      std::ifstream in(phase.stdout_path);
+      const std::string text((std::istreambuf_iterator<char>(in)),
+                             std::istreambuf_iterator<char>());
+      for (NamedTable& t :
+           parse_tables(text, transport == "tcp" ? "tally" : "tally:" + transport)) {
+        tally_tables_.push_back(std::move(t));
+      }
+    }
+    if (r != 0 && result == 0) result = r;
+    if (r == 1 || r == 2) break;  // a failed run, not wrong numbers: stop here
+  }
+  return result;
+}
+
+void Driver::run_peers() {
+  // The tally pool sits idle (its CPU is not in the peers' way).
+  std::vector<PeerResult> results;
+  PeerContext ctx;
+  ctx.sweep = o_.sweep;
+  ctx.workers = o_.workers;
+  ctx.lab = lab_.get();
+  ctx.dir = scratch_.path();
+  ctx.deadline = phase_options_.deadline;
+  for (const std::string& peer : o_.peers) {
+    const auto before = links();
+    results.push_back(run_peer(peer, ctx));
+    if (lab_ && results.back().unavailable.empty()) {
+      print_link_drops(peer, before, links(), roles_);
+    }
+    if (g_stop) break;
+  }
+  const std::string where = lab_ ? "--netlab " + o_.netlab_rate +
+                                       " (every process on its own host, links capped both ways)"
+                                 : "loopback";
+  print_comparison(tally_tables_, results, o_.workers, where);
+}
+
+bool Driver::tear_down() {
+  local_.reset();  // the reducers exit before their namespaces go
+  if (!lab_) return true;
+  if (Status st = lab_->remove(); !st) {
+    spdlog::error("removing the lab: {}", st.to_string());
+    return false;
+  }
+  return true;
+}
+
 }  // namespace
 }  // namespace tally::bench
 
@@ -220,120 +424,10 @@ int main(int argc, char** argv) {
     return load_main(argc - 1, argv + 1);
   }
   if (argc > 1 && std::string_view(argv[1]) == "run") return launch_main(argc - 1, argv + 1);
-  SweepOptions sweep;
-  bool worker = false;
-  std::string pool;
-  uint32_t reducers = 2;
-  uint32_t groups = 1;
-  uint32_t workers = 4;
-  size_t chunk_bytes = 0;
-  std::string wire_dtype;
-  std::string job;
-  std::string log_level = "warn";
-  uint32_t io_threads = 2;
-  size_t memory_budget = 256u << 20;
-  int64_t op_timeout_ms = 60000;
-  int64_t timeout_s = 900;
-  std::string transport_list = "tcp";
-  std::string fabric_provider;
-  std::string compare_list;
-  std::string netlab_rate;
-  bool bytes_report = false;
-
+  DriverOptions o;
   CLI::App app{"tally-bench: all-reduce bandwidth sweeps through a tally reducer pool"};
   app.set_version_flag("--version", "tally-bench " + version_string());
-  app.add_option("-b,--minbytes", sweep.min_bytes, "smallest size")
-      ->transform(CLI::AsSizeValue(false))
-      ->capture_default_str();
-  app.add_option("-e,--maxbytes", sweep.max_bytes, "largest size")
-      ->transform(CLI::AsSizeValue(false))
-      ->capture_default_str();
-  app.add_option("-f,--stepfactor", sweep.factor,
-                 "multiply the size by this each step (1: add one byte)")
-      ->capture_default_str();
-  app.add_option("-w,--warmup_iters", sweep.warmup, "untimed iterations per size")
-      ->capture_default_str()
-      ->check(CLI::Range(0, 100000));
-  app.add_option("-n,--iters", sweep.iters, "timed iterations per size")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1000000));
-  app.add_option("-d,--datatype", sweep.dtype, "float, double, int32, int64")
-      ->capture_default_str();
-  app.add_option("-o,--op", sweep.redop, "sum or avg")->capture_default_str();
-  app.add_option("-c,--check", sweep.check, "check results (1) or not (0)")->capture_default_str();
-  app.add_option("--json", sweep.json_path, "also write the table as JSON here");
-  app.add_option("--pool", pool,
-                 "use this pool (host:port,... in (group, shard) order) instead of a local one");
-  app.add_option("-r,-S,--reducers,--shards", reducers,
-                 "shards of the local pool (reducers per group)")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 256));
-  app.add_option("-G,--groups", groups,
-                 "replica groups of the pool (the local one has shards x groups reducers)")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 64));
-  app.add_option(
-         "--reducer-metrics", sweep.reducer_metrics,
-         "worker mode: reducers' HTTP host:port in (group, shard) order (the driver sets it)")
-      ->delimiter(',');
-  std::string metrics_list;
-  app.add_option(
-      "--metrics", metrics_list,
-      "with --pool: the reducers' --http-listen host:port, in the pool's order (a pattern "
-      "like --pool's), to report bytes per reducer from their /metrics");
-  app.add_option("-W,--workers", workers, "worker processes to start")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1024));
-  app.add_option(
-         "--chunk-bytes", chunk_bytes,
-         "piece size, overriding the automatic chunk plan (TALLY_CHUNK_BYTES); 0: automatic")
-      ->transform(CLI::AsSizeValue(false))
-      ->capture_default_str();
-  app.add_option("--wire-dtype", wire_dtype,
-                 "bfloat16: float32 tensors travel as bfloat16 (TALLY_WIRE_DTYPE); unset: native")
-      ->check(CLI::IsMember({"bfloat16"}));
-  std::string wire_result;
-  app.add_option("--wire-result", wire_result,
-                 "with --wire-dtype bfloat16: results as float32 (the reducers' sums, "
-                 "TALLY_WIRE_RESULT) or bfloat16 (the default)")
-      ->check(CLI::IsMember({"float32", "bfloat16"}));
-  app.add_option("--io-threads", io_threads, "I/O threads per local reducer")
-      ->capture_default_str();
-  app.add_option("--memory-budget", memory_budget, "chunk memory per local reducer")
-      ->transform(CLI::AsSizeValue(false))
-      ->capture_default_str();
-  app.add_option("--op-timeout-ms", op_timeout_ms, "reducers fail an op not complete by then")
-      ->capture_default_str();
-  app.add_option("--timeout-s", timeout_s, "the whole run's deadline")->capture_default_str();
-  std::string tcp_congestion;
-  app.add_option("--tcp-congestion", tcp_congestion,
-                 "TCP congestion control of tally's streams, local reducers' and workers' (e.g. "
-                 "cubic; default: the system's). The peers keep the system's");
-  std::string link_rate;
-  app.add_option("--link-rate", link_rate,
-                 "pace tally's streams to this link rate, local reducers' and workers' (tc's "
-                 "units, e.g. 10gbit; with --netlab its rate unless 'off'; default: not paced)");
-  app.add_option("--transport", transport_list,
-                 "tcp, fabric, or tcp,fabric to run both side by side against one pool")
-      ->capture_default_str();
-  app.add_option("--fabric-provider", fabric_provider,
-                 "libfabric provider (default: the reducers' and workers' own)");
-  app.add_option("--job", job, "job name (default: bench-<pid>)");
-  app.add_option("--log-level", log_level, "log level of bench and local reducers")
-      ->capture_default_str()
-      ->check(CLI::IsMember(log_level_names()));
-  app.add_option("--compare", compare_list,
-                 "also run the sweep with these peers (gloo, mpi) on the same workers' hosts and "
-                 "print tally's algbw over the best peer's, per size (float sum only)");
-  app.add_option("--netlab", netlab_rate,
-                 "root only: run every worker, reducer and peer rank in its own network namespace "
-                 "behind one bridge, each host's link capped both ways at this rate (tc htb, e.g. "
-                 "1gbit), and print each link's drops");
-  app.add_flag("--bytes", bytes_report,
-               "also print the payload bytes per op at each reducer, from their /metrics (local "
-               "pool; with --pool, --metrics implies it)");
-  app.add_flag("--worker", worker,
-               "run as one rank, configured by TALLY_* (used by the driver and by launchers)");
+  add_driver_options(app, o);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -341,223 +435,32 @@ int main(int argc, char** argv) {
   }
 
   spdlog::set_default_logger(spdlog::stderr_color_mt("tally-bench"));
-  spdlog::set_level(spdlog::level::from_str(log_level));
-  if (sweep.min_bytes == 0 || sweep.min_bytes > sweep.max_bytes) {
+  spdlog::set_level(spdlog::level::from_str(o.log_level));
+  if (o.sweep.min_bytes == 0 || o.sweep.min_bytes > o.sweep.max_bytes) {
     spdlog::error("need 0 < minbytes <= maxbytes");
     return 2;
   }
-  if (worker) {
-    if (app.count("--chunk-bytes") > 0) sweep.chunk_bytes = chunk_bytes;
-    sweep.wire_dtype = wire_dtype;
-    return run_worker(sweep);
+  if (o.worker) {
+    if (app.count("--chunk-bytes") > 0) o.sweep.chunk_bytes = o.chunk_bytes;
+    o.sweep.wire_dtype = o.wire_dtype;
+    return run_worker(o.sweep);
   }
-  // --netlab is refused before anything is made.
-  if (!netlab_rate.empty()) {
-    if (std::string why = netlab_refusal(); !why.empty()) {
-      std::fprintf(stderr, "tally-bench: %s\n", why.c_str());
-      return 2;
-    }
-    if (auto rate = parse_link_rate(netlab_rate); !rate) {
-      std::fprintf(stderr, "tally-bench: --netlab: %s\n", rate.status().message().c_str());
-      return 2;
-    }
-    // Each host's link is capped at the lab's rate, and a deployment that
-    // knows its links' rate says so (docs/benchmarking.md, "Capped links").
-    if (link_rate.empty()) link_rate = netlab_rate;
-    if (!pool.empty()) {
-      std::fprintf(stderr, "tally-bench: --netlab starts its own pool in the lab; drop --pool\n");
-      return 2;
-    }
-  }
-  if (link_rate == "off") link_rate.clear();
-  if (!link_rate.empty()) {
-    if (auto rate = parse_link_rate(link_rate); !rate) {
-      std::fprintf(stderr, "tally-bench: --link-rate: %s\n", rate.status().message().c_str());
-      return 2;
-    }
-  }
-  std::vector<std::string> peers;
-  for (std::string_view name : split_list(compare_list)) {
-    const auto& known = known_peers();
-    if (std::find(known.begin(), known.end(), name) == known.end()) {
-      spdlog::error("--compare takes gloo, mpi or gloo,mpi, not '{}'", compare_list);
-      return 2;
-    }
-    peers.emplace_back(name);
-  }
-  if (!peers.empty() && (sweep.dtype != "float" || sweep.redop != "sum")) {
-    spdlog::error("--compare runs float sum only (the peers do not do -d {} -o {})", sweep.dtype,
-                  sweep.redop);
-    return 2;
-  }
+  if (int refused = resolve_driver_options(o); refused != 0) return refused;
   // Ctrl-C and SIGTERM stop every wait; the children are terminated and
   // everything made (pool, lab, scratch) is removed on the way out.
   stop_on_signals();
-  auto scratch_dir = ScratchDir::make("tally-bench-");
-  if (!scratch_dir) {
-    spdlog::error("{}", scratch_dir.status().to_string());
+  auto scratch = ScratchDir::make("tally-bench-");
+  if (!scratch) {
+    spdlog::error("{}", scratch.status().to_string());
     return 2;
   }
-  const ScratchDir& scratch = **scratch_dir;
-  std::unique_ptr<Netlab> lab;
-  std::vector<std::string> roles;
-  if (!netlab_rate.empty()) {
-    auto made = Netlab::for_run(workers + reducers * groups, netlab_rate);
-    if (!made) {
-      spdlog::error("--netlab: {}", made.status().to_string());
-      return 2;
-    }
-    lab = std::move(*made);
-    for (uint32_t r = 0; r < workers; ++r) roles.push_back("worker " + std::to_string(r));
-    for (uint32_t i = 0; i < reducers * groups; ++i) {
-      roles.push_back("reducer " + std::to_string(i));
-    }
-    if (g_stop) return 130;
+  Driver driver(o, **scratch);
+  int result = driver.set_up();
+  if (result == 0) {
+    result = driver.run_phases();
+    if (!o.peers.empty() && (result == 0 || result == 3) && !g_stop) driver.run_peers();
   }
-  std::vector<std::string> transports;
-  for (std::string_view t : split_list(transport_list)) {
-    if (t != "tcp" && t != "fabric") {
-      spdlog::error("--transport takes tcp, fabric or tcp,fabric, not '{}'", transport_list);
-      return 2;
-    }
-    transports.emplace_back(t);
-  }
-  const bool any_fabric =
-      std::find(transports.begin(), transports.end(), "fabric") != transports.end();
-
-  std::unique_ptr<LocalPool> local;
-  std::string secret_file;
-  if (pool.empty()) {
-    // The local pool runs as a pool should: jobs authenticate with a job
-    // secret made for this run (the handshake is timed outside the sweep).
-    secret_file = scratch.path() + "/job.secret";
-    LocalPoolOptions lo;
-    lo.shards = reducers;
-    lo.groups = groups;
-    lo.http = true;
-    const size_t max_chunk = std::max<size_t>(4u << 20, (chunk_bytes + 4095) / 4096 * 4096);
-    // Room for three jobs' reservations whatever the chunk size: with the
-    // reducers' default window of 8, a job needs 8 x (1 + 2F) + 2 buffers,
-    // F = 2 log2(P) + (1 if G > P) partials received per chunk (P: largest
-    // power of two <= G; F = 0 with one group).
-    const size_t receives = butterfly_max_receives(groups);
-    const size_t per_job = 8 * (1 + 2 * receives) + 2;
-    const size_t budget = std::max(memory_budget, std::max<size_t>(32, 3 * per_job) * max_chunk);
-    lo.extra_args = {"--io-threads",      std::to_string(io_threads),
-                     "--memory-budget",   std::to_string(budget),
-                     "--log-level",       log_level,
-                     "--max-chunk-bytes", std::to_string(max_chunk)};
-    if (Status st = lo.require_secret(secret_file); !st) {
-      spdlog::error("{}", st.to_string());
-      return 2;
-    }
-    if (!tcp_congestion.empty()) {
-      lo.extra_args.insert(lo.extra_args.end(), {"--tcp-congestion", tcp_congestion});
-    }
-    if (!link_rate.empty()) lo.extra_args.insert(lo.extra_args.end(), {"--link-rate", link_rate});
-    // A fabric pool serves tcp workers too: one pool for a side-by-side run.
-    if (any_fabric) lo.extra_args.insert(lo.extra_args.end(), {"--transport", "fabric"});
-    if (!fabric_provider.empty())
-      lo.extra_args.insert(lo.extra_args.end(), {"--fabric-provider", fabric_provider});
-    if (lab) lo.place_in(*lab, workers);  // reducer i on host W + i
-    auto started = LocalPool::start(lo);
-    if (!started) {
-      spdlog::error("cannot start the local pool: {}", started.status().to_string());
-      return 2;
-    }
-    local = std::move(*started);
-    pool = local->pool_string();
-  }
-  std::vector<std::string> metrics =
-      local && bytes_report ? local->http_addresses() : std::vector<std::string>{};
-  if (!metrics_list.empty()) {
-    auto expanded = expand_pool_pattern(metrics_list);
-    if (!expanded) {
-      spdlog::error("--metrics: {}", expanded.status().to_string());
-      return 2;
-    }
-    metrics = *expanded;
-  }
-  if (job.empty()) job = "bench-" + std::to_string(getpid());
-  PhaseOptions phase_options;
-  phase_options.sweep = sweep;
-  phase_options.pool = pool;
-  phase_options.workers = workers;
-  phase_options.groups = groups;
-  phase_options.chunk_bytes = chunk_bytes;
-  phase_options.wire_dtype = wire_dtype;
-  phase_options.wire_result = wire_result;
-  phase_options.op_timeout_ms = op_timeout_ms;
-  phase_options.fabric_provider = fabric_provider;
-  phase_options.log_level = log_level;
-  phase_options.local = local.get();
-  phase_options.lab = lab.get();
-  phase_options.secret_file = secret_file;
-  phase_options.tcp_congestion = tcp_congestion;
-  phase_options.link_rate = link_rate;
-  phase_options.deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
-  int result = 0;
-  std::vector<NamedTable> tally_tables;
-  auto links = [&]() -> std::vector<Netlab::LinkStats> {
-    if (!lab) return {};
-    auto stats = lab->link_stats();
-    if (!stats) spdlog::warn("cannot read the links' counters: {}", stats.status().to_string());
-    return stats ? *stats : std::vector<Netlab::LinkStats>{};
-  };
-  for (const std::string& transport : transports) {
-    Phase phase;
-    phase.transport = transport;
-    phase.job = transports.size() > 1 ? job + "-" + transport : job;
-    phase.json_path = sweep.json_path;
-    phase.metrics = metrics;
-    if (!peers.empty()) phase.stdout_path = scratch.path() + "/tally-" + transport + ".out";
-    if (transports.size() > 1 && !phase.json_path.empty()) {
-      const auto dot = phase.json_path.rfind('.');
-      phase.json_path.insert(dot == std::string::npos ? phase.json_path.size() : dot,
-                             "." + transport);
-    }
-    const auto before = links();
-    const int r = run_phase(phase, phase_options);
-    if (lab) print_link_drops("tally transport=" + transport, before, links(), roles);
-    if (!phase.stdout_path.empty()) {
-      std::ifstream in(phase.stdout_path);
-      const std::string text((std::istreambuf_iterator<char>(in)),
-                             std::istreambuf_iterator<char>());
-      for (NamedTable& t :
-           parse_tables(text, transport == "tcp" ? "tally" : "tally:" + transport)) {
-        tally_tables.push_back(std::move(t));
-      }
-    }
-    if (r != 0 && result == 0) result = r;
-    if (r == 1 || r == 2) break;  // a failed run, not wrong numbers: stop here
-  }
-  if (!peers.empty() && (result == 0 || result == 3) && !g_stop) {
-    // The tally pool sits idle (its CPU is not in the peers' way).
-    std::vector<PeerResult> results;
-    PeerContext ctx;
-    ctx.sweep = sweep;
-    ctx.workers = workers;
-    ctx.lab = lab.get();
-    ctx.dir = scratch.path();
-    ctx.deadline = phase_options.deadline;
-    for (const std::string& peer : peers) {
-      const auto before = links();
-      results.push_back(run_peer(peer, ctx));
-      if (lab && results.back().unavailable.empty()) print_link_drops(peer, before, links(), roles);
-      if (g_stop) break;
-    }
-    const std::string where =
-        lab ? "--netlab " + netlab_rate + " (every process on its own host, links capped both ways)"
-            : "loopback";
-    print_comparison(tally_tables, results, workers, where);
-  }
-  local.reset();  // the reducers exit before their namespaces go
-  if (lab) {
-    if (Status st = lab->remove(); !st) {
-      spdlog::error("removing the lab: {}", st.to_string());
-      if (result == 0) result = 1;
-    }
-  }
+  if (!driver.tear_down() && result == 0) result = 1;
   if (g_stop) return 130;
   return result;
 }
