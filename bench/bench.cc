@@ -99,10 +99,9 @@ double bytes_per_worker(const SweepOptions& sweep) {
   return total;
 }
 
-int run_phase(const Phase& phase, const PhaseOptions& options) {
+// The command line of a worker of this phase (tally-bench --worker ...).
+std::vector<std::string> worker_args(const Phase& phase, const PhaseOptions& options) {
   const SweepOptions& sweep = options.sweep;
-  const uint32_t workers = options.workers;
-  LocalPool* local = options.local;
   std::vector<std::string> args{"--worker",
                                 "-b",
                                 std::to_string(sweep.min_bytes),
@@ -132,41 +131,54 @@ int run_phase(const Phase& phase, const PhaseOptions& options) {
     args.push_back("--reducer-metrics");
     args.push_back(list);
   }
-  auto reducer_cpu = [&]() -> std::optional<double> {
-    if (!local) return std::nullopt;
-    double total = 0;
-    for (uint32_t s = 0; s < local->addresses().size(); ++s) {
-      auto c = process_cpu_seconds(local->reducer(s).pid());
-      if (!c) return std::nullopt;
-      total += *c;
-    }
-    return total;
-  };
-  const auto reducers_before = reducer_cpu();
+  return args;
+}
+
+// Rank r of this phase: tally-bench in worker mode, configured by TALLY_*
+// as a training process is, on its host of the lab if there is one.
+ProcessSpec worker_spec(const Phase& phase, const PhaseOptions& options, uint32_t r,
+                        const std::vector<std::string>& args) {
+  ProcessSpec spec;
+  spec.path = self_dir() + "/tally-bench";
+  spec.args = args;
+  spec.env = {{"TALLY_POOL", options.pool},
+              {"TALLY_JOB", phase.job},
+              {"TALLY_RANK", std::to_string(r)},
+              {"TALLY_WORLD_SIZE", std::to_string(options.workers)},
+              {"TALLY_GROUPS", std::to_string(options.groups)},
+              {"TALLY_CHUNK_BYTES", std::to_string(options.chunk_bytes)},
+              {"TALLY_WIRE_DTYPE", options.wire_dtype},
+              {"TALLY_WIRE_RESULT", options.wire_result},
+              {"TALLY_OP_TIMEOUT_MS", std::to_string(options.op_timeout_ms)},
+              {"TALLY_TRANSPORT", phase.transport}};
+  if (!options.fabric_provider.empty()) spec.env["TALLY_FABRIC_PROVIDER"] = options.fabric_provider;
+  if (!options.secret_file.empty()) spec.env["TALLY_JOB_SECRET_FILE"] = options.secret_file;
+  if (!options.tcp_congestion.empty()) spec.env["TALLY_TCP_CONGESTION"] = options.tcp_congestion;
+  if (!options.link_rate.empty()) spec.env["TALLY_LINK_RATE"] = options.link_rate;
+  if (r == 0) spec.stdout_path = phase.stdout_path;
+  if (options.lab) options.lab->place(r, spec);
+  return spec;
+}
+
+// The CPU seconds the local pool's reducers have used; none without one.
+std::optional<double> local_reducer_cpu(LocalPool* local) {
+  if (!local) return std::nullopt;
+  double total = 0;
+  for (uint32_t s = 0; s < local->addresses().size(); ++s) {
+    auto c = process_cpu_seconds(local->reducer(s).pid());
+    if (!c) return std::nullopt;
+    total += *c;
+  }
+  return total;
+}
+
+int run_phase(const Phase& phase, const PhaseOptions& options) {
+  const std::vector<std::string> args = worker_args(phase, options);
+  const auto reducers_before = local_reducer_cpu(options.local);
   const double workers_before = rusage_cpu_seconds(RUSAGE_CHILDREN);
   std::vector<Process> procs;
-  for (uint32_t r = 0; r < workers; ++r) {
-    ProcessSpec spec;
-    spec.path = self_dir() + "/tally-bench";
-    spec.args = args;
-    spec.env = {{"TALLY_POOL", options.pool},
-                {"TALLY_JOB", phase.job},
-                {"TALLY_RANK", std::to_string(r)},
-                {"TALLY_WORLD_SIZE", std::to_string(workers)},
-                {"TALLY_GROUPS", std::to_string(options.groups)},
-                {"TALLY_CHUNK_BYTES", std::to_string(options.chunk_bytes)},
-                {"TALLY_WIRE_DTYPE", options.wire_dtype},
-                {"TALLY_WIRE_RESULT", options.wire_result},
-                {"TALLY_OP_TIMEOUT_MS", std::to_string(options.op_timeout_ms)},
-                {"TALLY_TRANSPORT", phase.transport}};
-    if (!options.fabric_provider.empty())
-      spec.env["TALLY_FABRIC_PROVIDER"] = options.fabric_provider;
-    if (!options.secret_file.empty()) spec.env["TALLY_JOB_SECRET_FILE"] = options.secret_file;
-    if (!options.tcp_congestion.empty()) spec.env["TALLY_TCP_CONGESTION"] = options.tcp_congestion;
-    if (!options.link_rate.empty()) spec.env["TALLY_LINK_RATE"] = options.link_rate;
-    if (r == 0) spec.stdout_path = phase.stdout_path;
-    if (options.lab) options.lab->place(r, spec);
-    auto p = Process::spawn(spec);
+  for (uint32_t r = 0; r < options.workers; ++r) {
+    auto p = Process::spawn(worker_spec(phase, options, r, args));
     if (!p) {
       spdlog::error("{}", p.status().to_string());
       return 2;
@@ -193,9 +205,9 @@ int run_phase(const Phase& phase, const PhaseOptions& options) {
   }
   // CPU per byte: what each side spent on the data it moved, whole sweep
   // (checks and warm-up included), so transports compare on equal work.
-  const double gb = bytes_per_worker(sweep) * workers / 1e9;
+  const double gb = bytes_per_worker(options.sweep) * options.workers / 1e9;
   const double worker_cpu = rusage_cpu_seconds(RUSAGE_CHILDREN) - workers_before;
-  const auto reducers_after = reducer_cpu();
+  const auto reducers_after = local_reducer_cpu(options.local);
   if (reducers_before && reducers_after) {
     const double rc = *reducers_after - *reducers_before;
     std::printf(
