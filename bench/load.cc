@@ -1,10 +1,8 @@
 #include "load.h"
 
-#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
-#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cinttypes>
@@ -26,7 +24,6 @@
 #include "tally/bench/process.h"
 #include "tally/bench/table.h"
 #include "tally/client/client.h"
-#include "tally/protocol/log_level.h"
 
 namespace tally::bench {
 namespace {
@@ -197,242 +194,249 @@ void print_progress(Clock::duration elapsed, const std::vector<JobRun>& jobs, co
                totals.split, totals.wrong, kills);
 }
 
-}  // namespace
-
-int run_load(const LoadOptions& o) {
-  stop_on_signals();
-  auto scratch_dir = ScratchDir::make("tally-load-");
-  if (!scratch_dir) {
-    spdlog::error("{}", scratch_dir.status().to_string());
-    return 1;
+// One load or chaos run: its lab and pool, the jobs' rounds of workers,
+// the kills, and the totals.
+class LoadRun {
+ public:
+  LoadRun(const LoadOptions& o, const ScratchDir& scratch)
+      : o_(o),
+        scratch_(scratch),
+        pool_(o.pool),
+        secret_file_(o.secret_file),
+        prefix_(o.job.empty() ? "load-" + std::to_string(getpid()) : o.job),
+        jobs_(o.jobs) {
+    for (uint32_t j = 0; j < o.jobs; ++j) jobs_[j].index = j;
   }
-  const ScratchDir& scratch = **scratch_dir;
+
+  // The lab (with its slow links) and the local pool; false once said why.
+  bool set_up();
+  // Runs the jobs until --seconds pass; the exit code (0, 1, 3 or 130).
+  int run();
+
+ private:
   // --netlab: worker r of job j on host j x W + r, reducer i on host J x W + i.
-  std::unique_ptr<Netlab> lab;
-  const uint32_t worker_hosts = o.jobs * o.workers;
-  if (!o.netlab_rate.empty()) {
-    auto made = Netlab::for_run(worker_hosts + o.shards * o.groups, o.netlab_rate);
+  uint32_t worker_hosts() const { return o_.jobs * o_.workers; }
+  bool slow_links();
+  bool start_round(JobRun& job);
+  ProcessSpec round_worker(const JobRun& job, uint32_t r, double left) const;
+  void reap(JobRun& job);
+  bool kill_one();
+  void report(double elapsed, const std::vector<ReducerSample>& before,
+              const std::vector<ReducerSample>& after);
+
+  const LoadOptions& o_;
+  const ScratchDir& scratch_;
+  std::unique_ptr<Netlab> lab_;
+  std::unique_ptr<LocalPool> local_;
+  std::string pool_;
+  std::string secret_file_;
+  const std::string prefix_;
+  std::vector<JobRun> jobs_;
+  Totals totals_;
+  Clock::time_point end_;
+  uint64_t kills_ = 0;
+  std::vector<uint32_t> restarts_;
+};
+
+bool LoadRun::slow_links() {
+  // The last worker of each even-numbered job is on a link of half the
+  // rate: results reach it after the others, as they reach a straggler,
+  // so a reducer killed at any moment leaves chunks whose results some
+  // ranks hold and others do not (the replays a restart has to get
+  // right). The odd-numbered jobs' links are all alike: their results
+  // arrive in step, and a kill leaves every rank part-way through the
+  // same result, with no rank to replay it.
+  const uint64_t half = lab_->rate_bps() / 2;
+  for (uint32_t j = 0; j < o_.jobs && o_.workers > 1; j += 2) {
+    if (Status st = lab_->set_rate(j * o_.workers + o_.workers - 1, std::to_string(half) + "bit");
+        !st) {
+      spdlog::error("--netlab: {}", st.to_string());
+      return false;
+    }
+  }
+  return true;
+}
+
+bool LoadRun::set_up() {
+  if (!o_.netlab_rate.empty()) {
+    auto made = Netlab::for_run(worker_hosts() + o_.shards * o_.groups, o_.netlab_rate);
     if (!made) {
       spdlog::error("--netlab: {}", made.status().to_string());
-      return 1;
+      return false;
     }
-    lab = std::move(*made);
-    // The last worker of each even-numbered job is on a link of half the
-    // rate: results reach it after the others, as they reach a straggler,
-    // so a reducer killed at any moment leaves chunks whose results some
-    // ranks hold and others do not (the replays a restart has to get
-    // right). The odd-numbered jobs' links are all alike: their results
-    // arrive in step, and a kill leaves every rank part-way through the
-    // same result, with no rank to replay it.
-    const uint64_t half = lab->rate_bps() / 2;
-    for (uint32_t j = 0; j < o.jobs && o.workers > 1; j += 2) {
-      if (Status st = lab->set_rate(j * o.workers + o.workers - 1, std::to_string(half) + "bit");
-          !st) {
-        spdlog::error("--netlab: {}", st.to_string());
-        return 1;
-      }
-    }
+    lab_ = std::move(*made);
+    if (!slow_links()) return false;
   }
-  std::unique_ptr<LocalPool> local;
-  std::string pool = o.pool;
-  std::string secret_file = o.secret_file;
-  if (pool.empty()) {
-    secret_file = scratch.path() + "/job.secret";
+  if (pool_.empty()) {
+    secret_file_ = scratch_.path() + "/job.secret";
     LocalPoolOptions lo;
-    lo.shards = o.shards;
-    lo.groups = o.groups;
-    lo.log_dir = scratch.path();
-    lo.extra_args = {"--log-level", o.log_level};
-    if (Status st = lo.require_secret(secret_file); !st) {
+    lo.shards = o_.shards;
+    lo.groups = o_.groups;
+    lo.log_dir = scratch_.path();
+    lo.extra_args = {"--log-level", o_.log_level};
+    if (Status st = lo.require_secret(secret_file_); !st) {
       spdlog::error("{}", st.to_string());
-      return 1;
+      return false;
     }
-    if (lab) lo.place_in(*lab, worker_hosts);
+    if (lab_) lo.place_in(*lab_, worker_hosts());
     auto started = LocalPool::start(lo);
     if (!started) {
       spdlog::error("cannot start the local pool: {}", started.status().to_string());
-      return 1;
+      return false;
     }
-    local = std::move(*started);
-    pool = local->pool_string();
+    local_ = std::move(*started);
+    pool_ = local_->pool_string();
   }
-  const std::vector<ReducerSample> before = sample(local.get());
-  const std::string prefix = o.job.empty() ? "load-" + std::to_string(getpid()) : o.job;
-  std::vector<JobRun> jobs(o.jobs);
-  for (uint32_t j = 0; j < o.jobs; ++j) jobs[j].index = j;
-  Totals totals;
-  const auto t0 = Clock::now();
-  const auto end = t0 + seconds_of(o.seconds);
-  // Past this, something hangs: an op is bounded by its timeout, a connect by its own.
-  const auto hard_deadline = end + 3 * milliseconds(o.op_timeout_ms) + std::chrono::seconds(60);
-  auto next_kill = t0 + seconds_of(o.kill_every_s);
-  auto next_progress = t0 + kProgressEvery;
-  uint64_t kills = 0;
-  std::vector<uint32_t> restarts(local ? local->addresses().size() : 0, 0);
-  int result = 0;
+  restarts_.assign(local_ ? local_->addresses().size() : 0, 0);
+  return true;
+}
 
-  auto start_round = [&](JobRun& job) -> bool {
-    const double left = std::chrono::duration<double>(end - Clock::now()).count();
-    if (left < 0.1) {  // too little for a round (and below --seconds' range)
-      job.done = true;
-      return true;
-    }
-    job.workers.clear();
-    job.outputs.clear();
-    job.killed.assign(o.workers, false);
-    job.reaped.assign(o.workers, false);
-    for (uint32_t r = 0; r < o.workers; ++r) {
-      const std::string tag = "j" + std::to_string(job.index) + "-r" + std::to_string(job.round) +
-                              "-w" + std::to_string(r);
-      job.outputs.push_back(scratch.path() + "/" + tag + ".ops");
-      ProcessSpec spec;
-      spec.path = self_dir() + "/tally-bench";
-      spec.args = {"load",        "--worker",
-                   "-b",          std::to_string(o.bytes),
-                   "--first",     std::to_string(job.next_op),
-                   "--seconds",   std::to_string(left),
-                   "--max-ops",   std::to_string(o.max_ops),
-                   "--out",       job.outputs.back(),
-                   "--redop",     o.redops,
-                   "--inflight",  std::to_string(o.inflight),
-                   "--buckets",   std::to_string(o.buckets),
-                   "--log-level", o.log_level};
-      spec.env = {{"TALLY_POOL", pool},
-                  {"TALLY_JOB",
-                   prefix + "-j" + std::to_string(job.index) + "-r" + std::to_string(job.round)},
-                  {"TALLY_RANK", std::to_string(r)},
-                  {"TALLY_WORLD_SIZE", std::to_string(o.workers)},
-                  {"TALLY_GROUPS", std::to_string(o.groups)},
-                  {"TALLY_OP_TIMEOUT_MS", std::to_string(o.op_timeout_ms)}};
-      if (!secret_file.empty()) spec.env["TALLY_JOB_SECRET_FILE"] = secret_file;
-      spec.stderr_path = scratch.path() + "/" + tag + ".log";
-      if (lab) lab->place(job.index * o.workers + r, spec);
-      auto p = Process::spawn(spec);
-      if (!p) {
-        spdlog::error("{}", p.status().to_string());
-        return false;
-      }
-      job.workers.push_back(std::move(*p));
-    }
-    job.running = true;
-    totals.rounds++;
+ProcessSpec LoadRun::round_worker(const JobRun& job, uint32_t r, double left) const {
+  ProcessSpec spec;
+  // Its ops file's name, with .log for its stderr.
+  const std::string out = job.outputs[r];
+  const std::string log = out.substr(0, out.size() - 4) + ".log";
+  spec.path = self_dir() + "/tally-bench";
+  spec.args = {"load",        "--worker",
+               "-b",          std::to_string(o_.bytes),
+               "--first",     std::to_string(job.next_op),
+               "--seconds",   std::to_string(left),
+               "--max-ops",   std::to_string(o_.max_ops),
+               "--out",       job.outputs[r],
+               "--redop",     o_.redops,
+               "--inflight",  std::to_string(o_.inflight),
+               "--buckets",   std::to_string(o_.buckets),
+               "--log-level", o_.log_level};
+  spec.env = {
+      {"TALLY_POOL", pool_},
+      {"TALLY_JOB", prefix_ + "-j" + std::to_string(job.index) + "-r" + std::to_string(job.round)},
+      {"TALLY_RANK", std::to_string(r)},
+      {"TALLY_WORLD_SIZE", std::to_string(o_.workers)},
+      {"TALLY_GROUPS", std::to_string(o_.groups)},
+      {"TALLY_OP_TIMEOUT_MS", std::to_string(o_.op_timeout_ms)}};
+  if (!secret_file_.empty()) spec.env["TALLY_JOB_SECRET_FILE"] = secret_file_;
+  spec.stderr_path = log;
+  if (lab_) lab_->place(job.index * o_.workers + r, spec);
+  return spec;
+}
+
+bool LoadRun::start_round(JobRun& job) {
+  const double left = std::chrono::duration<double>(end_ - Clock::now()).count();
+  if (left < 0.1) {  // too little for a round (and below --seconds' range)
+    job.done = true;
     return true;
-  };
-
-  bool ok = true;
-  while (ok) {
-    if (g_stop) {
-      spdlog::error("interrupted; stopping the workers");
-      result = 130;
-      break;
-    }
-    bool all_done = true;
-    for (JobRun& job : jobs) {
-      if (job.running) {
-        bool exited = true;
-        bool time_up = true;
-        for (size_t r = 0; r < job.workers.size(); ++r) {
-          auto st = job.workers[r].wait_for(milliseconds(0));
-          if (!st) {
-            exited = false;
-            continue;
-          }
-          if (*st != 0) time_up = false;
-          if (job.reaped[r]) continue;
-          job.reaped[r] = true;
-          if (*st != 0 && *st != 3 && *st != 4 && !job.killed[r]) {
-            totals.unexpected_exits++;
-            spdlog::error("job {} rank {} exited with status {} (log: {})", job.index, r, *st,
-                          job.outputs[r]);
-          }
-        }
-        if (exited) {
-          job.running = false;
-          job.next_op = collect(job, totals);
-          job.round++;
-          if (time_up || Clock::now() >= end) job.done = true;
-        }
-      }
-      if (!job.running && !job.done && !start_round(job)) ok = false;
-      all_done = all_done && job.done;
-    }
-    if (all_done) break;
-    const auto now = Clock::now();
-    if (now >= next_progress) {
-      next_progress += kProgressEvery;
-      print_progress(now - t0, jobs, totals, kills);
-    }
-    if (!o.kill.empty() && now >= next_kill && now < end) {
-      next_kill += seconds_of(o.kill_every_s);
-      if (o.kill == "reducer" && local) {
-        const uint32_t i = static_cast<uint32_t>(kills % local->addresses().size());
-        local->reducer(i).signal(SIGKILL);
-        kills++;
-        if (Status st = local->restart(i); !st) {
-          spdlog::error("restarting reducer {}: {}", i, st.to_string());
-          ok = false;
-        } else {
-          restarts[i]++;
-        }
-      } else if (o.kill == "worker") {
-        JobRun& job = jobs[kills % jobs.size()];
-        const uint32_t r = static_cast<uint32_t>(kills / jobs.size() % o.workers);
-        // Only a worker still running: one that has exited is not killed,
-        // and its own exit status still counts.
-        if (job.running && !job.workers[r].wait_for(milliseconds(0))) {
-          job.killed[r] = true;
-          job.workers[r].signal(SIGKILL);
-          kills++;
-        }
-      }
-    }
-    if (now > hard_deadline) {
-      spdlog::error("the run passed its deadline with workers still running");
-      ok = false;
-    }
-    std::this_thread::sleep_for(milliseconds(10));
   }
-  const double elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
-  for (JobRun& job : jobs) {
-    for (Process& p : job.workers) p.terminate(milliseconds(2000));
+  job.workers.clear();
+  job.outputs.clear();
+  job.killed.assign(o_.workers, false);
+  job.reaped.assign(o_.workers, false);
+  for (uint32_t r = 0; r < o_.workers; ++r) {
+    const std::string tag = "j" + std::to_string(job.index) + "-r" + std::to_string(job.round) +
+                            "-w" + std::to_string(r);
+    job.outputs.push_back(scratch_.path() + "/" + tag + ".ops");
+    auto p = Process::spawn(round_worker(job, r, left));
+    if (!p) {
+      spdlog::error("{}", p.status().to_string());
+      return false;
+    }
+    job.workers.push_back(std::move(*p));
   }
-  const std::vector<ReducerSample> after = sample(local.get());
+  job.running = true;
+  totals_.rounds++;
+  return true;
+}
 
-  const std::string redops = o.redops == "both" ? "sum and avg alternating" : o.redops;
+// Sees which of a running round's workers have exited; ends the round
+// (its ops counted) when all have.
+void LoadRun::reap(JobRun& job) {
+  bool exited = true;
+  bool time_up = true;
+  for (size_t r = 0; r < job.workers.size(); ++r) {
+    auto st = job.workers[r].wait_for(milliseconds(0));
+    if (!st) {
+      exited = false;
+      continue;
+    }
+    if (*st != 0) time_up = false;
+    if (job.reaped[r]) continue;
+    job.reaped[r] = true;
+    if (*st != 0 && *st != 3 && *st != 4 && !job.killed[r]) {
+      totals_.unexpected_exits++;
+      spdlog::error("job {} rank {} exited with status {} (log: {})", job.index, r, *st,
+                    job.outputs[r]);
+    }
+  }
+  if (exited) {
+    job.running = false;
+    job.next_op = collect(job, totals_);
+    job.round++;
+    if (time_up || Clock::now() >= end_) job.done = true;
+  }
+}
+
+// The chaos schedule's next kill: a reducer (restarted at once) or a
+// worker still running, in turn; false when a restart failed.
+bool LoadRun::kill_one() {
+  if (o_.kill == "reducer" && local_) {
+    const uint32_t i = static_cast<uint32_t>(kills_ % local_->addresses().size());
+    local_->reducer(i).signal(SIGKILL);
+    kills_++;
+    if (Status st = local_->restart(i); !st) {
+      spdlog::error("restarting reducer {}: {}", i, st.to_string());
+      return false;
+    }
+    restarts_[i]++;
+  } else if (o_.kill == "worker") {
+    JobRun& job = jobs_[kills_ % jobs_.size()];
+    const uint32_t r = static_cast<uint32_t>(kills_ / jobs_.size() % o_.workers);
+    // Only a worker still running: one that has exited is not killed,
+    // and its own exit status still counts.
+    if (job.running && !job.workers[r].wait_for(milliseconds(0))) {
+      job.killed[r] = true;
+      job.workers[r].signal(SIGKILL);
+      kills_++;
+    }
+  }
+  return true;
+}
+
+void LoadRun::report(double elapsed, const std::vector<ReducerSample>& before,
+                     const std::vector<ReducerSample>& after) {
+  const std::string redops = o_.redops == "both" ? "sum and avg alternating" : o_.redops;
   std::printf(
       "# tally-bench %s: %u jobs x %u workers, float32 %s, %u ops in flight over %u buckets of "
       "up to %s, %.0f s, pool %s\n",
-      o.kill.empty() ? "load" : "chaos", o.jobs, o.workers, redops.c_str(), o.inflight, o.buckets,
-      human_bytes(o.bytes).c_str(), o.seconds,
-      local ? ("S=" + std::to_string(o.shards) + " x G=" + std::to_string(o.groups) +
-               " (local, authenticated" +
-               (lab ? ", in a network lab at " + o.netlab_rate +
-                          " per host, the last worker of even-numbered jobs at half of it"
-                    : std::string()) +
-               ")")
-                  .c_str()
-            : pool.c_str());
-  if (!o.kill.empty()) {
+      o_.kill.empty() ? "load" : "chaos", o_.jobs, o_.workers, redops.c_str(), o_.inflight,
+      o_.buckets, human_bytes(o_.bytes).c_str(), o_.seconds,
+      local_ ? ("S=" + std::to_string(o_.shards) + " x G=" + std::to_string(o_.groups) +
+                " (local, authenticated" +
+                (lab_ ? ", in a network lab at " + o_.netlab_rate +
+                            " per host, the last worker of even-numbered jobs at half of it"
+                      : std::string()) +
+                ")")
+                   .c_str()
+             : pool_.c_str());
+  if (!o_.kill.empty()) {
     std::printf("# chaos: a %s killed (SIGKILL) and restarted every %.1f s: %" PRIu64 " kills\n",
-                o.kill.c_str(), o.kill_every_s, kills);
+                o_.kill.c_str(), o_.kill_every_s, kills_);
   }
   std::printf("# rounds %" PRIu64 " (a job's workers start again after a failed op)\n",
-              totals.rounds);
+              totals_.rounds);
   std::printf(
       "#\n#   completed       ops/s     p50(ms)     p99(ms)     max(ms)      failed  "
       "     split       wrong\n");
-  const std::string p50 = percentile_ms(totals.latency_us, 0.50);
-  const std::string p99 = percentile_ms(totals.latency_us, 0.99);
-  const std::string max = percentile_ms(totals.latency_us, 1.0);  // nearest rank: the largest
+  const std::string p50 = percentile_ms(totals_.latency_us, 0.50);
+  const std::string p99 = percentile_ms(totals_.latency_us, 0.99);
+  const std::string max = percentile_ms(totals_.latency_us, 1.0);  // nearest rank: the largest
   std::printf("  %11" PRIu64 " %11.1f %11s %11s %11s %11" PRIu64 " %11" PRIu64 " %11" PRIu64 "\n",
-              totals.completed, totals.completed / std::max(elapsed, 1e-9), p50.c_str(),
-              p99.c_str(), max.c_str(), totals.failed, totals.split, totals.wrong);
-  std::printf("#\n# failures by kind (rank-ops):%s\n", totals.errors.empty() ? " none" : "");
-  for (auto& [kind, count] : totals.errors) {
+              totals_.completed, totals_.completed / std::max(elapsed, 1e-9), p50.c_str(),
+              p99.c_str(), max.c_str(), totals_.failed, totals_.split, totals_.wrong);
+  std::printf("#\n# failures by kind (rank-ops):%s\n", totals_.errors.empty() ? " none" : "");
+  for (auto& [kind, count] : totals_.errors) {
     std::printf("#   %-20s %8" PRIu64 "   e.g. %s\n", kind.c_str(), count,
-                totals.examples.count(kind) ? totals.examples[kind].c_str() : "");
+                totals_.examples.count(kind) ? totals_.examples[kind].c_str() : "");
   }
-  for (const std::string& w : totals.wrongs) std::printf("# %s\n", w.c_str());
+  for (const std::string& w : totals_.wrongs) std::printf("# %s\n", w.c_str());
   for (size_t i = 0; i < before.size() && i < after.size(); ++i) {
     auto mib = [](std::optional<uint64_t> b) -> std::string {
       if (!b) return "?";
@@ -442,123 +446,75 @@ int run_load(const LoadOptions& o) {
     };
     auto fds = [](std::optional<uint32_t> n) { return n ? std::to_string(*n) : std::string("?"); };
     std::printf(
-        "# reducer %zu (%s): rss %s -> %s, open fds %s -> %s%s\n", i, local->addresses()[i].c_str(),
-        mib(before[i].rss).c_str(), mib(after[i].rss).c_str(), fds(before[i].fds).c_str(),
-        fds(after[i].fds).c_str(),
-        restarts[i] ? (" (restarted " + std::to_string(restarts[i]) + " times)").c_str() : "");
+        "# reducer %zu (%s): rss %s -> %s, open fds %s -> %s%s\n", i,
+        local_->addresses()[i].c_str(), mib(before[i].rss).c_str(), mib(after[i].rss).c_str(),
+        fds(before[i].fds).c_str(), fds(after[i].fds).c_str(),
+        restarts_[i] ? (" (restarted " + std::to_string(restarts_[i]) + " times)").c_str() : "");
   }
   std::fflush(stdout);
+}
+
+int LoadRun::run() {
+  const std::vector<ReducerSample> before = sample(local_.get());
+  const auto t0 = Clock::now();
+  end_ = t0 + seconds_of(o_.seconds);
+  // Past this, something hangs: an op is bounded by its timeout, a connect by its own.
+  const auto hard_deadline = end_ + 3 * milliseconds(o_.op_timeout_ms) + std::chrono::seconds(60);
+  auto next_kill = t0 + seconds_of(o_.kill_every_s);
+  auto next_progress = t0 + kProgressEvery;
+  int result = 0;
+  bool ok = true;
+  while (ok) {
+    if (g_stop) {
+      spdlog::error("interrupted; stopping the workers");
+      result = 130;
+      break;
+    }
+    bool all_done = true;
+    for (JobRun& job : jobs_) {
+      if (job.running) reap(job);
+      if (!job.running && !job.done && !start_round(job)) ok = false;
+      all_done = all_done && job.done;
+    }
+    if (all_done) break;
+    const auto now = Clock::now();
+    if (now >= next_progress) {
+      next_progress += kProgressEvery;
+      print_progress(now - t0, jobs_, totals_, kills_);
+    }
+    if (!o_.kill.empty() && now >= next_kill && now < end_) {
+      next_kill += seconds_of(o_.kill_every_s);
+      if (!kill_one()) ok = false;
+    }
+    if (now > hard_deadline) {
+      spdlog::error("the run passed its deadline with workers still running");
+      ok = false;
+    }
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  const double elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
+  for (JobRun& job : jobs_) {
+    for (Process& p : job.workers) p.terminate(milliseconds(2000));
+  }
+  report(elapsed, before, sample(local_.get()));
   if (result != 0) return result;
-  if (totals.wrong > 0) return 3;
-  if (!ok || totals.unexpected_exits > 0) return 1;
+  if (totals_.wrong > 0) return 3;
+  if (!ok || totals_.unexpected_exits > 0) return 1;
   return 0;
 }
 
-int load_main(int argc, char** argv) {
-  const bool chaos = std::string_view(argv[0]) == "chaos";
-  LoadOptions o;
-  LoadWorkerOptions w;
-  bool worker = false;
-  if (chaos) {
-    o.jobs = 1;
-    o.seconds = 60;
-    o.kill = "reducer";
+}  // namespace
+
+int run_load(const LoadOptions& o) {
+  stop_on_signals();
+  auto scratch = ScratchDir::make("tally-load-");
+  if (!scratch) {
+    spdlog::error("{}", scratch.status().to_string());
+    return 1;
   }
-  CLI::App app{chaos ? "tally-bench chaos: checked all-reduces while a reducer or a worker is "
-                       "killed and restarted every K seconds; every op is checked exactly"
-                     : "tally-bench load: J jobs x W workers doing checked all-reduces for T "
-                       "seconds against one pool"};
-  app.add_option("-J,--jobs", o.jobs, "concurrent jobs")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 256));
-  app.add_option("-W,--workers", o.workers, "workers per job")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 256));
-  app.add_option("-T,--seconds", o.seconds, "how long the run lasts (ops start until then)")
-      ->capture_default_str()
-      ->check(CLI::Range(0.1, 86400.0));
-  app.add_option("-b,--bytes", o.bytes, "bytes of the largest bucket (float32 elements)")
-      ->transform(CLI::AsSizeValue(false))
-      ->capture_default_str();
-  app.add_option("-S,--shards", o.shards, "shards of the local pool")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 64));
-  app.add_option("-G,--groups", o.groups, "replica groups of the local pool")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 16));
-  app.add_option("--op-timeout-ms", o.op_timeout_ms, "TALLY_OP_TIMEOUT_MS of the workers")
-      ->capture_default_str();
-  app.add_option("--max-ops", o.max_ops, "at most this many ops per worker and round")
-      ->capture_default_str();
-  app.add_option("--redop", o.redops, "the ops' reduction: sum, avg, or both (alternating)")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"sum", "avg", "both"}));
-  app.add_option("--inflight", o.inflight, "ops each worker keeps in flight (at most --buckets)")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 64));
-  app.add_option("--buckets", o.buckets,
-                 "buffers each worker reuses, op k in bucket k mod B, of sizes from half of -b "
-                 "up to -b")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 64));
-  app.add_option("--job", o.job, "prefix of the job names (default: load-<pid>)");
-  app.add_option("--log-level", o.log_level, "log level of the workers and local reducers")
-      ->capture_default_str()
-      ->check(CLI::IsMember(log_level_names()));
-  app.add_option("--netlab", o.netlab_rate,
-                 "run every worker and reducer on a host of its own in a network lab, each "
-                 "link capped both ways at RATE (tc units, e.g. 1gbit; root), the last worker "
-                 "of each even-numbered job at half of it: results then take milliseconds to "
-                 "reach the workers (and reach that one later), as on a real network; -J 2 "
-                 "runs a job of each kind");
-  if (chaos) {
-    app.add_option("--kill", o.kill, "what is killed and restarted: reducer or worker")
-        ->capture_default_str()
-        ->check(CLI::IsMember({"reducer", "worker"}));
-    app.add_option("-K,--kill-every", o.kill_every_s, "seconds between kills")
-        ->capture_default_str()
-        ->check(CLI::Range(0.1, 3600.0));
-  } else {
-    app.add_option("--pool", o.pool, "use this pool (host:port,...) instead of a local one");
-    app.add_option("--secret-file", o.secret_file, "with --pool: the job secret's file");
-  }
-  app.add_flag("--worker", worker, "run as one rank, configured by TALLY_* (the driver uses it)");
-  app.add_option("--first", w.first, "worker: the round's first op number");
-  app.add_option("--out", w.out_path, "worker: where the ops are written");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;  // --help is 0; bad flags are 2, as documented
-  }
-  spdlog::set_default_logger(spdlog::stderr_color_mt("tally-bench"));
-  spdlog::set_level(spdlog::level::from_str(o.log_level));
-  if (!o.netlab_rate.empty() && !worker) {
-    if (std::string why = netlab_refusal(); !why.empty()) {
-      std::fprintf(stderr, "tally-bench: --netlab: %s\n", why.c_str());
-      return 2;
-    }
-    if (!o.pool.empty()) {
-      std::fprintf(stderr, "tally-bench: --netlab starts its own pool in the lab; drop --pool\n");
-      return 2;
-    }
-  }
-  if (o.inflight > o.buckets) {
-    std::fprintf(stderr,
-                 "--inflight %u needs as many buckets (--buckets %u): an op's bucket is "
-                 "reused only once it has ended\n",
-                 o.inflight, o.buckets);
-    return 2;
-  }
-  if (worker) {
-    w.bytes = o.bytes;
-    w.seconds = o.seconds;
-    w.max_ops = o.max_ops;
-    w.redops = o.redops;
-    w.inflight = o.inflight;
-    w.buckets = o.buckets;
-    return run_load_worker(w);
-  }
-  return run_load(o);
+  LoadRun run(o, **scratch);
+  if (!run.set_up()) return 1;
+  return run.run();
 }
 
 }  // namespace tally::bench
