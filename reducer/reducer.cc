@@ -74,9 +74,53 @@ struct Reducer::Impl : std::enable_shared_from_this<Reducer::Impl> {
   std::shared_ptr<FrameHandler> route(const wire::Control& first, std::shared_ptr<Connection> conn,
                                       std::function<void()> admitted);
   void arm_sweep();
+  // Replicas ask the job table for what to announce and tell it of lost
+  // and returning replicas.
+  void connect_replicas_to_jobs();
+  // Opens every I/O thread's fabric endpoint, in parallel.
+  Status prepare_fabric_endpoints();
   void stop();
   void join();
 };
+
+void Reducer::Impl::connect_replicas_to_jobs() {
+  std::weak_ptr<JobTable> jobs = context->jobs;
+  context->replicas->set_callbacks(
+      {[jobs](uint32_t group) {
+         auto table = jobs.lock();
+         return table ? table->announcements(group)
+                      : std::vector<std::shared_ptr<const wire::Control>>{};
+       },
+       [jobs](uint32_t group, const Status& why) {
+         if (auto table = jobs.lock()) table->on_replica_lost(group, why);
+       },
+       [jobs](uint32_t group) {
+         if (auto table = jobs.lock()) table->on_replica_back(group);
+       }});
+}
+
+Status Reducer::Impl::prepare_fabric_endpoints() {
+  // Opened now so that the first fabric Hello on a thread does not stall
+  // that thread's other streams. With a wildcard listen address the local
+  // IP is only known per connection.
+  boost::system::error_code ec;
+  const auto ip = asio::ip::make_address(bound.host, ec);
+  if (ec || ip.is_unspecified()) return Status::ok();
+  std::vector<std::future<Status>> opened;
+  for (auto& c : contexts) {
+    auto done = std::make_shared<std::promise<Status>>();
+    opened.push_back(done->get_future());
+    asio::post(*c, [self = shared_from_this(), ctx = c.get(), done, host = bound.host] {
+      done->set_value(self->fabric->prepare_endpoint(ctx->get_executor(), host));
+    });
+  }
+  Status first = Status::ok();
+  for (auto& f : opened) {
+    Status s = f.get();  // each open has fi_getinfo's own bounds
+    if (!s.is_ok() && first.is_ok()) first = s;
+  }
+  return first;
+}
 
 void Reducer::Impl::on_accept(asio::ip::tcp::socket socket) {
   boost::system::error_code peer_error;
@@ -300,21 +344,7 @@ Result<std::unique_ptr<Reducer>> Reducer::start(const ReducerOptions& options) {
   }
   impl->context->jobs = std::make_shared<JobTable>(impl->options, impl->pool, *impl->counters,
                                                    impl->context->replicas);
-  if (impl->context->replicas) {
-    std::weak_ptr<JobTable> jobs = impl->context->jobs;
-    impl->context->replicas->set_callbacks(
-        {[jobs](uint32_t group) {
-           auto table = jobs.lock();
-           return table ? table->announcements(group)
-                        : std::vector<std::shared_ptr<const wire::Control>>{};
-         },
-         [jobs](uint32_t group, const Status& why) {
-           if (auto table = jobs.lock()) table->on_replica_lost(group, why);
-         },
-         [jobs](uint32_t group) {
-           if (auto table = jobs.lock()) table->on_replica_back(group);
-         }});
-  }
+  if (impl->context->replicas) impl->connect_replicas_to_jobs();
   for (size_t i = 0; i < options.io_threads; ++i) {
     impl->contexts.push_back(std::make_unique<asio::io_context>(1));
     impl->guards.push_back(asio::make_work_guard(*impl->contexts.back()));
@@ -336,28 +366,10 @@ Result<std::unique_ptr<Reducer>> Reducer::start(const ReducerOptions& options) {
     impl->threads.emplace_back([ctx = c.get()] { ctx->run(); });
   }
   if (impl->fabric) {
-    // Open every I/O thread's endpoint now, in parallel, so the first fabric
-    // Hello on a thread does not stall that thread's other streams. With a
-    // wildcard listen address the local IP is only known per connection.
-    boost::system::error_code ec;
-    const auto ip = asio::ip::make_address(impl->bound.host, ec);
-    if (!ec && !ip.is_unspecified()) {
-      std::vector<std::future<Status>> opened;
-      for (auto& c : impl->contexts) {
-        auto done = std::make_shared<std::promise<Status>>();
-        opened.push_back(done->get_future());
-        asio::post(*c, [impl, ctx = c.get(), done, host = impl->bound.host] {
-          done->set_value(impl->fabric->prepare_endpoint(ctx->get_executor(), host));
-        });
-      }
-      for (auto& f : opened) {
-        Status s = f.get();  // each open has fi_getinfo's own bounds
-        if (!s.is_ok()) {
-          impl->stop();
-          impl->join();
-          return s;
-        }
-      }
+    if (Status s = impl->prepare_fabric_endpoints(); !s.is_ok()) {
+      impl->stop();
+      impl->join();
+      return s;
     }
   }
   spdlog::info(
