@@ -43,23 +43,117 @@ bool guarded(F&& op, std::string* error) {
 void sum_doubles(void* c, const void* a, const void* b, size_t n) { gloo::sum<double>(c, a, b, n); }
 void sum_floats(void* c, const void* a, const void* b, size_t n) { gloo::sum<float>(c, a, b, n); }
 
+// The settings every algorithm's run shares.
+struct GlooSettings {
+  int rank = 0;
+  int size = 1;
+  std::string store_dir;
+  std::string host = "127.0.0.1";
+  int timeout_s = 120;
+};
+
+// One algorithm's sweep on a context of its own. One context (full mesh of
+// connections) per algorithm: a classic algorithm leaves its pairs in a
+// state that slows the unbound-buffer path of gloo::allreduce run after it
+// on the same context by two orders of magnitude (measured: 1 MiB at W=4
+// took 575 ms instead of 10 ms), so each algorithm starts from fresh
+// connections, as in a fresh process.
+class GlooRun {
+ public:
+  GlooRun(const GlooSettings& settings, std::string name)
+      : settings_(settings), name_(std::move(name)) {}
+  ~GlooRun() { algorithm_.reset(); }  // before its context
+
+  bool connect(std::string* error) {
+    return guarded(
+        [&] {
+          gloo::transport::tcp::attr attr;
+          attr.hostname = settings_.host;
+          auto device = gloo::transport::tcp::CreateDevice(attr);
+          gloo::rendezvous::FileStore files(settings_.store_dir);
+          gloo::rendezvous::PrefixStore store("tally-peer-gloo-" + name_, files);
+          context_ = std::make_shared<gloo::rendezvous::Context>(settings_.rank, settings_.size);
+          context_->setTimeout(std::chrono::seconds(settings_.timeout_s));
+          context_->connectFullMesh(store, device);
+        },
+        error);
+  }
+
+  // The sweep's own barrier and result sums.
+  bool sum(double* data, size_t count, std::string* error) {
+    return guarded(
+        [&] {
+          gloo::AllreduceOptions opts(context_);
+          opts.setOutput(data, count);
+          opts.setReduceFunction(&sum_doubles);
+          opts.setTag(1);
+          gloo::allreduce(opts);
+        },
+        error);
+  }
+
+  // The algorithm under test. The classic algorithms bind to one buffer and
+  // count when built: one per size, built (and its pairs' buffers
+  // registered) before the size's check and timed loop, as Gloo's own
+  // benchmark does.
+  bool allreduce(float* data, size_t count, std::string* error) {
+    return guarded(
+        [&] {
+          if (name_ == "allreduce") {
+            gloo::AllreduceOptions opts(context_);
+            opts.setOutput(data, count);
+            opts.setReduceFunction(&sum_floats);
+            opts.setTag(2);
+            gloo::allreduce(opts);
+            return;
+          }
+          if (!algorithm_ || bound_ != data || bound_count_ != count) {
+            algorithm_.reset();
+            std::vector<float*> ptrs{data};
+            if (name_ == "ring_chunked") {
+              algorithm_ = std::make_unique<gloo::AllreduceRingChunked<float>>(
+                  context_, ptrs, static_cast<int>(count));
+            } else {
+              algorithm_ = std::make_unique<gloo::AllreduceHalvingDoubling<float>>(
+                  context_, ptrs, static_cast<int>(count));
+            }
+            bound_ = data;
+            bound_count_ = count;
+          }
+          algorithm_->run();
+        },
+        error);
+  }
+
+ private:
+  const GlooSettings& settings_;
+  const std::string name_;
+  std::shared_ptr<gloo::rendezvous::Context> context_;
+  std::unique_ptr<gloo::Algorithm> algorithm_;
+  float* bound_ = nullptr;
+  size_t bound_count_ = 0;
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
   tally::bench::PeerSweep sweep;
-  int rank = 0, size = 1;
-  std::string store_dir, host = "127.0.0.1", algorithms = "ring_chunked,halving_doubling,allreduce";
-  int timeout_s = 120;
+  GlooSettings settings;
+  std::string algorithms = "ring_chunked,halving_doubling,allreduce";
   CLI::App app{"tally-peer-gloo: all-reduce sweeps through Gloo, for tally-bench --compare"};
   app.set_version_flag("--version", "tally-peer-gloo " + tally::version_string());
   tally::bench::add_sweep_options(app, sweep);
-  app.add_option("--rank", rank, "this rank")->required();
-  app.add_option("--size", size, "number of ranks")->required()->check(CLI::Range(1, 4096));
-  app.add_option("--store", store_dir, "directory every rank shares for the rendezvous")
+  app.add_option("--rank", settings.rank, "this rank")->required();
+  app.add_option("--size", settings.size, "number of ranks")
+      ->required()
+      ->check(CLI::Range(1, 4096));
+  app.add_option("--store", settings.store_dir, "directory every rank shares for the rendezvous")
       ->required();
-  app.add_option("--host", host, "address the tcp transport binds to")->capture_default_str();
+  app.add_option("--host", settings.host, "address the tcp transport binds to")
+      ->capture_default_str();
   app.add_option("--algorithms", algorithms, "comma-separated")->capture_default_str();
-  app.add_option("--timeout-s", timeout_s, "Gloo's timeout per operation")->capture_default_str();
+  app.add_option("--timeout-s", settings.timeout_s, "Gloo's timeout per operation")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   std::vector<std::string> names;
@@ -71,87 +165,27 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  // One context (full mesh of connections) per algorithm: a classic
-  // algorithm leaves its pairs in a state that slows the unbound-buffer
-  // path of gloo::allreduce run after it on the same context by two orders
-  // of magnitude (measured: 1 MiB at W=4 took 575 ms instead of 10 ms), so
-  // each algorithm starts from fresh connections, as in a fresh process.
-  std::shared_ptr<gloo::rendezvous::Context> context;
-  auto connect = [&](const std::string& name, std::string* error) {
-    return guarded(
-        [&] {
-          gloo::transport::tcp::attr attr;
-          attr.hostname = host;
-          auto device = gloo::transport::tcp::CreateDevice(attr);
-          gloo::rendezvous::FileStore files(store_dir);
-          gloo::rendezvous::PrefixStore store("tally-peer-gloo-" + name, files);
-          context.reset();
-          context = std::make_shared<gloo::rendezvous::Context>(rank, size);
-          context->setTimeout(std::chrono::seconds(timeout_s));
-          context->connectFullMesh(store, device);
-        },
-        error);
-  };
-  std::string error;
-  PeerComm comm;
-  comm.rank = static_cast<uint32_t>(rank);
-  comm.world = static_cast<uint32_t>(size);
-  comm.sum = [&](double* data, size_t count, std::string* err) {
-    return guarded(
-        [&] {
-          gloo::AllreduceOptions opts(context);
-          opts.setOutput(data, count);
-          opts.setReduceFunction(&sum_doubles);
-          opts.setTag(1);
-          gloo::allreduce(opts);
-        },
-        err);
-  };
   // The ring bus factor, 2(W-1)/W; halving-doubling moves the same bytes.
-  const double busbw = size > 1 ? 2.0 * (size - 1) / size : 1.0;
+  const double busbw = settings.size > 1 ? 2.0 * (settings.size - 1) / settings.size : 1.0;
   int result = 0;
   for (const std::string& name : names) {
-    if (!connect(name, &error)) {
-      std::fprintf(stderr, "tally-peer-gloo rank %d: rendezvous for %s failed: %s\n", rank,
+    GlooRun run(settings, name);
+    std::string error;
+    if (!run.connect(&error)) {
+      std::fprintf(stderr, "tally-peer-gloo rank %d: rendezvous for %s failed: %s\n", settings.rank,
                    name.c_str(), error.c_str());
       return 2;
     }
-    // The classic algorithms bind to one buffer and count when built: one
-    // per size, built (and its pairs' buffers registered) before the size's
-    // check and timed loop, as Gloo's own benchmark does.
-    std::unique_ptr<gloo::Algorithm> algorithm;
-    float* bound = nullptr;
-    size_t bound_count = 0;
-    comm.allreduce = [&](float* data, size_t count, std::string* err) {
-      return guarded(
-          [&] {
-            if (name == "allreduce") {
-              gloo::AllreduceOptions opts(context);
-              opts.setOutput(data, count);
-              opts.setReduceFunction(&sum_floats);
-              opts.setTag(2);
-              gloo::allreduce(opts);
-              return;
-            }
-            if (!algorithm || bound != data || bound_count != count) {
-              algorithm.reset();
-              std::vector<float*> ptrs{data};
-              if (name == "ring_chunked") {
-                algorithm = std::make_unique<gloo::AllreduceRingChunked<float>>(
-                    context, ptrs, static_cast<int>(count));
-              } else {
-                algorithm = std::make_unique<gloo::AllreduceHalvingDoubling<float>>(
-                    context, ptrs, static_cast<int>(count));
-              }
-              bound = data;
-              bound_count = count;
-            }
-            algorithm->run();
-          },
-          err);
+    PeerComm comm;
+    comm.rank = static_cast<uint32_t>(settings.rank);
+    comm.world = static_cast<uint32_t>(settings.size);
+    comm.sum = [&run](double* data, size_t count, std::string* err) {
+      return run.sum(data, count, err);
+    };
+    comm.allreduce = [&run](float* data, size_t count, std::string* err) {
+      return run.allreduce(data, count, err);
     };
     const int r = tally::bench::run_peer_sweep(sweep, comm, "gloo:" + name, busbw);
-    algorithm.reset();
     if (r != 0 && result == 0) result = r;
     if (r == 1) break;
   }
