@@ -43,6 +43,17 @@ struct InFlight {
   OpHandle handle;
 };
 
+// The last element of an op is its ranks' vote: 1 from a rank whose time
+// lasts. True when every rank voted to go on; `valid` says whether the
+// element is a vote at all.
+bool unanimous(RedOp redop, float votes, uint32_t world, bool& valid) {
+  // A sum counts the ranks that voted 1; an average is that count over W.
+  const float n = redop == RedOp::kAverage ? std::round(votes * static_cast<float>(world)) : votes;
+  const float expect = redop == RedOp::kAverage ? n / static_cast<float>(world) : n;
+  valid = n >= 0 && n <= static_cast<float>(world) && n == std::floor(n) && votes == expect;
+  return n == static_cast<float>(world);
+}
+
 }  // namespace
 
 RedOp load_redop(const std::string& redops, uint64_t op) {
@@ -50,6 +61,23 @@ RedOp load_redop(const std::string& redops, uint64_t op) {
   if (redops == "avg") return RedOp::kAverage;
   return op % 2 ? RedOp::kAverage : RedOp::kSum;  // both, alternating
 }
+
+namespace {
+
+// What is wrong with op f's result in buf ("" when it is exact), and
+// whether the ranks voted to go on.
+std::string check_result(const std::vector<float>& buf, const InFlight& f, uint32_t rank,
+                         uint32_t world, const std::string& redops, bool& go_on) {
+  bool valid_votes = false;
+  go_on = unanimous(f.redop, buf.back(), world, valid_votes);
+  const PatternOp checked{rank, world, f.redop, f.op};
+  std::string wrong = explain_wrong(buf.data(), buf.size() - 1, checked, kExplainWindow,
+                                    [&](uint64_t op) { return load_redop(redops, op); });
+  if (wrong.empty() && !valid_votes) wrong = "the vote element is " + std::to_string(buf.back());
+  return wrong;
+}
+
+}  // namespace
 
 int run_load_worker(const LoadWorkerOptions& o) {
   const auto started = Clock::now();
@@ -78,9 +106,8 @@ int run_load_worker(const LoadWorkerOptions& o) {
   }
   const uint32_t rank = options->rank;
   const uint32_t world = options->world_size;
-  // The last element of an op is its ranks' vote: 1 from a rank whose time
-  // lasts. Every rank reads the same result, so all issue the same ops:
-  // op k + D only while op k's vote is unanimous.
+  // Every rank reads the same result, so all issue the same ops: op k + D
+  // only while op k's vote is unanimous.
   auto issue = [&](uint64_t op) {
     InFlight f{op, static_cast<uint32_t>(op % o.buckets), load_redop(o.redops, op), Clock::now(),
                OpHandle()};
@@ -89,14 +116,6 @@ int run_load_worker(const LoadWorkerOptions& o) {
     buf.back() = Clock::now() - started < std::chrono::duration<double>(o.seconds) ? 1.0f : 0.0f;
     f.handle = (*client)->allreduce_async(buf.data(), buf.size(), DType::kFloat32, f.redop);
     return f;
-  };
-  auto unanimous = [&](const InFlight& f, float votes, bool& valid) {
-    // A sum counts the ranks that voted 1; an average is that count over W.
-    const float n =
-        f.redop == RedOp::kAverage ? std::round(votes * static_cast<float>(world)) : votes;
-    const float expect = f.redop == RedOp::kAverage ? n / static_cast<float>(world) : n;
-    valid = n >= 0 && n <= static_cast<float>(world) && n == std::floor(n) && votes == expect;
-    return n == static_cast<float>(world);
   };
   // Flushed every 100 ms, so a worker the chaos driver kills loses at most
   // that much of its record.
@@ -122,12 +141,8 @@ int run_load_worker(const LoadWorkerOptions& o) {
       break;
     }
     const std::vector<float>& buf = buckets[f.bucket];
-    bool valid_votes = false;
-    const bool go_on = unanimous(f, buf.back(), valid_votes);
-    const PatternOp checked{rank, world, f.redop, f.op};
-    std::string wrong = explain_wrong(buf.data(), buf.size() - 1, checked, kExplainWindow,
-                                      [&](uint64_t op) { return load_redop(o.redops, op); });
-    if (wrong.empty() && !valid_votes) wrong = "the vote element is " + std::to_string(buf.back());
+    bool go_on = false;
+    const std::string wrong = check_result(buf, f, rank, world, o.redops, go_on);
     std::fprintf(out.get(), "%" PRIu64 " %s %lld\n", f.op, wrong.empty() ? "ok" : "wrong", us);
     if (!wrong.empty()) {
       std::fprintf(out.get(), "# wrong op %" PRIu64 " (bucket %u, %s, %zu floats): %s\n", f.op,
