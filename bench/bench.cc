@@ -12,7 +12,6 @@
 // (a one-element all-reduce) while it does, and prints the payload bytes
 // each reducer received and sent per op, from workers and from the other
 // replicas, beside the formula's values.
-#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
@@ -31,6 +30,7 @@
 #include <fstream>
 #include <thread>
 
+#include "cli.h"
 #include "compare.h"
 #include "driver_options.h"
 #include "launch.h"
@@ -440,14 +440,8 @@ int main(int argc, char** argv) {
   CLI::App app{"tally-bench: all-reduce bandwidth sweeps through a tally reducer pool"};
   app.set_version_flag("--version", "tally-bench " + version_string());
   add_driver_options(app, o);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;  // --help is 0; bad flags are 2, as documented
-  }
-
-  spdlog::set_default_logger(spdlog::stderr_color_mt("tally-bench"));
-  spdlog::set_level(spdlog::level::from_str(o.log_level));
+  if (auto code = parse_command_line(app, argc, argv)) return *code;
+  log_to_stderr(o.log_level);
   if (o.sweep.min_bytes == 0 || o.sweep.min_bytes > o.sweep.max_bytes) {
     spdlog::error("need 0 < minbytes <= maxbytes");
     return 2;

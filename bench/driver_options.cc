@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <string_view>
 
+#include "cli.h"
 #include "compare.h"
 #include "tally/bench/netlab.h"
 #include "tally/protocol/link_rate.h"
@@ -128,10 +129,7 @@ void add_driver_options(CLI::App& app, DriverOptions& o) {
 int resolve_driver_options(DriverOptions& o) {
   // --netlab is refused before anything is made.
   if (!o.netlab_rate.empty()) {
-    if (std::string why = netlab_refusal(); !why.empty()) {
-      std::fprintf(stderr, "tally-bench: %s\n", why.c_str());
-      return 2;
-    }
+    if (netlab_refused()) return 2;
     if (auto rate = parse_link_rate(o.netlab_rate); !rate) {
       std::fprintf(stderr, "tally-bench: --netlab: %s\n", rate.status().message().c_str());
       return 2;

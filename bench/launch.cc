@@ -1,7 +1,6 @@
 #include "launch.h"
 
 #include <netinet/in.h>
-#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -15,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "cli.h"
 #include "compare.h"
 #include "tally/bench/local_pool.h"
 #include "tally/bench/netlab.h"
@@ -169,18 +169,9 @@ int launch_main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::IsMember(log_level_names()));
   app.add_option("command", o.command, "the command each rank runs (after --)")->required();
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
-  }
-  spdlog::set_default_logger(spdlog::stderr_color_mt("tally-bench"));
-  if (!o.netlab_rate.empty()) {
-    if (std::string why = netlab_refusal(); !why.empty()) {
-      std::fprintf(stderr, "tally-bench: --netlab: %s\n", why.c_str());
-      return 2;
-    }
-  }
+  if (auto code = parse_command_line(app, argc, argv)) return *code;
+  log_to_stderr("info");
+  if (!o.netlab_rate.empty() && netlab_refused()) return 2;
   return run_launch(o);
 }
 

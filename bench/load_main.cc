@@ -1,5 +1,4 @@
 // tally-bench load and chaos: the command line.
-#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
@@ -7,6 +6,7 @@
 #include <string>
 #include <string_view>
 
+#include "cli.h"
 #include "load.h"
 #include "tally/bench/netlab.h"
 #include "tally/protocol/log_level.h"
@@ -83,10 +83,7 @@ void add_chaos_options(CLI::App& app, LoadOptions& o, bool chaos) {
 // The flags together; 0, or 2 once it has said why.
 int check_load_options(const LoadOptions& o, bool worker) {
   if (!o.netlab_rate.empty() && !worker) {
-    if (std::string why = netlab_refusal(); !why.empty()) {
-      std::fprintf(stderr, "tally-bench: --netlab: %s\n", why.c_str());
-      return 2;
-    }
+    if (netlab_refused()) return 2;
     if (!o.pool.empty()) {
       std::fprintf(stderr, "tally-bench: --netlab starts its own pool in the lab; drop --pool\n");
       return 2;
@@ -124,13 +121,8 @@ int load_main(int argc, char** argv) {
   app.add_flag("--worker", worker, "run as one rank, configured by TALLY_* (the driver uses it)");
   app.add_option("--first", w.first, "worker: the round's first op number");
   app.add_option("--out", w.out_path, "worker: where the ops are written");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;  // --help is 0; bad flags are 2, as documented
-  }
-  spdlog::set_default_logger(spdlog::stderr_color_mt("tally-bench"));
-  spdlog::set_level(spdlog::level::from_str(o.log_level));
+  if (auto code = parse_command_line(app, argc, argv)) return *code;
+  log_to_stderr(o.log_level);
   if (int refused = check_load_options(o, worker); refused != 0) return refused;
   if (worker) {
     w.bytes = o.bytes;
