@@ -47,17 +47,16 @@ using client_internal::kSpareStagingKept;
 using std::chrono::milliseconds;
 
 void Client::Impl::pump(ShardLink& link) {
-  // Both windows from the Welcome: chunks (the reducer's slabs) and bytes
-  // (its ingress budget); one chunk may always be in flight, so a piece
-  // larger than the byte window still moves. A replay is answered like a
-  // contribution, so it takes its place in both.
-  while (link.inflight < link.window && !link.queue.empty() && !link.closed() && !link.resyncing) {
-    const auto [op, index, replay] = link.queue.front();
+  // Within both windows from the Welcome: chunks (the reducer's slabs) and
+  // bytes (its ingress budget).
+  SendWindow& window = link.window();
+  while (window.ready() && !link.closed() && !link.resyncing) {
+    const auto [op, index, replay] = window.front();
     const ChunkExtent e = op->plan->chunk(index);
     std::span<std::byte> payload =
         replay ? result_span(*op, e) : std::span(op->data + e.offset, e.length);
-    if (link.inflight > 0 && link.inflight_bytes + payload.size() > link.window_bytes) break;
-    link.queue.pop_front();
+    if (!window.fits(payload.size())) break;
+    window.pop();
     // A contribution's result is received where a replay would be sent
     // from; it can come only once the contribution is out.
     if (!replay)
@@ -83,8 +82,7 @@ void Client::Impl::pump(ShardLink& link) {
     // A replay carries the result as it came: float32 sums are accumulators.
     h.flags = !op->wide_result ? 0 : replay ? kFrameFlagAccumulators : kFrameFlagWideResult;
     if (replay) op->replaying[index] = 1;
-    link.inflight++;
-    link.inflight_bytes += payload.size();
+    window.sent(payload.size());
     op->unanswered[link.shard()]++;
     op->unanswered_bytes[link.shard()] += payload.size();
     op->sending_on[link.shard()]++;
@@ -154,7 +152,7 @@ void Client::Impl::start_op(const std::shared_ptr<Op>& op) {
     const ChunkExtent e = op->plan->chunk(k);
     ShardLink& link = *links[e.shard];
     if (link.closed() || link.resyncing) continue;  // being reopened: resend() sends it
-    link.queue.push_back({op, e.index, false});
+    link.window().push({op, e.index, false});
   }
   for (auto& link : links) pump(*link);
 }
@@ -180,11 +178,10 @@ void Client::Impl::fail_op(std::shared_ptr<Op> op, const Status& status) {
     // Chunks sent without a result give their window slot back; queued ones
     // are never sent.
     for (auto& link : links) {
-      link->inflight -= op->unanswered[link->shard()];
-      link->inflight_bytes -= op->unanswered_bytes[link->shard()];
+      link->window().answered(op->unanswered[link->shard()], op->unanswered_bytes[link->shard()]);
       op->unanswered[link->shard()] = 0;
       op->unanswered_bytes[link->shard()] = 0;
-      std::erase_if(link->queue, [&](auto& entry) { return entry.op == op; });
+      link->window().drop(op);
     }
     std::fill(op->replaying.begin(), op->replaying.end(), 0);  // their answers are discarded
   }

@@ -92,7 +92,7 @@ void Client::Impl::trim_kept() {
 }
 
 void Client::Impl::drop_queued(const std::shared_ptr<Op>& op) {
-  for (auto& link : links) std::erase_if(link->queue, [&](auto& entry) { return entry.op == op; });
+  for (auto& link : links) link->window().drop(op);
 }
 
 void Client::Impl::recycle_kept(std::vector<std::byte> buffer) {
@@ -155,9 +155,7 @@ void Client::Impl::on_link_lost(uint32_t shard) {
   ShardLink& link = *links[shard];
   // Nothing sent on the lost stream will be answered, and it writes into
   // no buffer any more.
-  link.inflight = 0;
-  link.inflight_bytes = 0;
-  link.queue.clear();
+  link.window().reset();
   link.resyncing = false;
   auto forget = [&](Op& op) {
     if (!op.plan || op.unanswered.empty()) return;
@@ -199,7 +197,7 @@ void Client::Impl::resend(uint32_t shard, uint64_t op_below) {
   for (auto& [id, op] : again) {
     const uint64_t first = op->plan->first_chunk(shard);
     for (uint64_t k = first; k < first + op->plan->chunks_on_shard(shard); ++k) {
-      link.queue.push_back({op, static_cast<uint32_t>(k), op->finished || op->got[k] != 0});
+      link.window().push({op, static_cast<uint32_t>(k), op->finished || op->got[k] != 0});
     }
     counters.resent(op->plan->chunks_on_shard(shard));
   }

@@ -83,8 +83,7 @@ PayloadAction ShardLink::on_data_header(const FrameHeader& h) {
       op->replaying[h.chunk] = 0;
       op->unanswered[shard_]--;
       op->unanswered_bytes[shard_] -= bytes;
-      inflight--;
-      inflight_bytes -= bytes;
+      window_.answered(1, bytes);
       client_.pump(*this);
       client_.trim_kept();
       if (op->holding) client_.maybe_finish(op);  // a released op waits for these answers
@@ -357,8 +356,7 @@ void ShardLink::on_welcome(const wire::Welcome& w) {
     if (w.rate_bytes() > 0) rate = std::min<uint64_t>(rate, w.rate_bytes());
     conn_->pace(rate);
   }
-  window = w.window_chunks();
-  window_bytes = w.window_bytes();
+  window_.open(w.window_chunks(), w.window_bytes());
   max_chunk_bytes = w.max_chunk_bytes();
   link_rate_bits = w.link_rate_bits();
   replica_lost_.reset();
@@ -413,8 +411,7 @@ void ShardLink::on_data(const FrameHeader& h, std::span<std::byte>) {
   client_.counters.received(h.length);
   op->unanswered[shard_]--;
   op->unanswered_bytes[shard_] -= extent.length;
-  inflight--;
-  inflight_bytes -= extent.length;
+  window_.answered(1, extent.length);
   client_.pump(*this);
   client_.maybe_finish(op);
 }

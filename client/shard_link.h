@@ -24,6 +24,61 @@ namespace wire {
 class Welcome;
 }
 
+// What one stream may send: the windows its Welcome gave (chunks and
+// bytes) against what it has sent without an answer, and the chunks
+// waiting their turn, in (op, chunk) order: contributions, or replays of
+// results this worker has (after a reconnect). A replay is answered like
+// a contribution, so it takes its place in both windows.
+class SendWindow {
+ public:
+  struct Queued {
+    std::shared_ptr<Op> op;
+    uint32_t index = 0;
+    bool replay = false;
+  };
+
+  // The Welcome's windows; what is in flight is kept.
+  void open(uint32_t chunks, uint64_t bytes) {
+    chunks_ = chunks;
+    bytes_ = bytes;
+  }
+  // A chunk may go out and one waits.
+  bool ready() const { return inflight_ < chunks_ && !queue_.empty(); }
+  // Whether `bytes` more fit in the byte window: one chunk may always be
+  // in flight, so a piece larger than the window still moves.
+  bool fits(uint64_t bytes) const { return inflight_ == 0 || inflight_bytes_ + bytes <= bytes_; }
+  void sent(uint64_t bytes) {
+    inflight_++;
+    inflight_bytes_ += bytes;
+  }
+  void answered(uint32_t chunks, uint64_t bytes) {
+    inflight_ -= chunks;
+    inflight_bytes_ -= bytes;
+  }
+  // The stream is lost: nothing sent on it will be answered, nothing
+  // queued will go.
+  void reset() {
+    inflight_ = 0;
+    inflight_bytes_ = 0;
+    queue_.clear();
+  }
+
+  void push(Queued q) { queue_.push_back(std::move(q)); }
+  const Queued& front() const { return queue_.front(); }
+  void pop() { queue_.pop_front(); }
+  // Drops `op`'s chunks that wait their turn.
+  void drop(const std::shared_ptr<Op>& op) {
+    std::erase_if(queue_, [&](const Queued& q) { return q.op == op; });
+  }
+
+ private:
+  uint32_t chunks_ = 1;
+  uint64_t bytes_ = 0;
+  uint32_t inflight_ = 0;
+  uint64_t inflight_bytes_ = 0;
+  std::deque<Queued> queue_;
+};
+
 // The stream to one reducer.
 class ShardLink final : public FrameHandler, public std::enable_shared_from_this<ShardLink> {
  public:
@@ -65,22 +120,12 @@ class ShardLink final : public FrameHandler, public std::enable_shared_from_this
   // "reducer <address> (shard N)", as errors name it.
   std::string name() const;
 
-  // From the Welcome: chunks and bytes this stream may have sent without
-  // their results (pump keeps within both, but always lets one chunk go).
-  uint32_t window = 1;
-  uint64_t window_bytes = 0;
+  // What this stream may send, and what waits (Client::Impl::pump sends).
+  SendWindow& window() { return window_; }
+  // From the Welcome: the largest chunk the reducer takes, and its
+  // --link-rate (0: not told).
   uint64_t max_chunk_bytes = 0;
-  uint64_t link_rate_bits = 0;  // the Welcome's: the reducer's --link-rate, or 0
-  uint32_t inflight = 0;
-  uint64_t inflight_bytes = 0;
-  // Chunks to send, in (op, chunk) order: contributions, or replays of
-  // results this worker has (after a reconnect).
-  struct Queued {
-    std::shared_ptr<Op> op;
-    uint32_t index = 0;
-    bool replay = false;
-  };
-  std::deque<Queued> queue;
+  uint64_t link_rate_bits = 0;
   // The reducer's Released mark.
   uint64_t released_below = 0;
   // Reopened, and waiting for the reducer's first Released before it sends
@@ -110,6 +155,7 @@ class ShardLink final : public FrameHandler, public std::enable_shared_from_this
   std::chrono::milliseconds backoff_{0};
 
   Client::Impl& client_;
+  SendWindow window_;
   const uint32_t shard_;
   const HostPort address_;
   std::shared_ptr<Connection> conn_;
