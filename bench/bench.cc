@@ -13,22 +13,14 @@
 // each reducer received and sent per op, from workers and from the other
 // replicas, beside the formula's values.
 #include <spdlog/spdlog.h>
-#include <sys/mman.h>
 #include <sys/resource.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
-#include <cinttypes>
-#include <csignal>
 #include <cstdio>
-#include <cstring>
-#include <filesystem>
 #include <fstream>
-#include <thread>
 
 #include "cli.h"
 #include "compare.h"
@@ -36,19 +28,10 @@
 #include "launch.h"
 #include "load.h"
 #include "tally/bench/local_pool.h"
-#include "tally/bench/metrics_scrape.h"
 #include "tally/bench/netlab.h"
-#include "tally/bench/pattern.h"
 #include "tally/bench/process.h"
 #include "tally/client/client.h"
-#include "tally/protocol/auth.h"
-#include "tally/protocol/chunking.h"
-#include "tally/protocol/groups.h"
-#include "tally/protocol/link_rate.h"
-#include "tally/protocol/log_level.h"
-#include "tally/protocol/pool.h"
 #include "tally/protocol/pool_pattern.h"
-#include "tally/protocol/split.h"
 #include "tally/protocol/version.h"
 #include "tally/reducer/butterfly.h"
 #include "worker.h"

@@ -1,12 +1,9 @@
 #include "worker.h"
 
-#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
-#include <unistd.h>
 
-#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cinttypes>
@@ -14,10 +11,8 @@
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <thread>
 
 #include "reducer_traffic.h"
-#include "tally/bench/local_pool.h"
 #include "tally/bench/metrics_scrape.h"
 #include "tally/bench/pattern.h"
 #include "tally/bench/process.h"
@@ -27,10 +22,8 @@
 #include "tally/protocol/chunking.h"
 #include "tally/protocol/groups.h"
 #include "tally/protocol/pool.h"
-#include "tally/protocol/pool_pattern.h"
 #include "tally/protocol/version.h"
 #include "tally/reducer/butterfly.h"
-#include "worker.h"
 
 namespace tally::bench {
 namespace {

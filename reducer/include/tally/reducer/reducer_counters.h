@@ -81,6 +81,19 @@ inline constexpr std::array<MetricInfo, kLevels> kLevelInfo = {{
      "100 ms sweep."},
 }};
 
+// Every Count and Level has its entry: an entry left out of a table (value-
+// initialized) has no help and is not its neighbour's second sample.
+template <size_t N>
+constexpr bool every_entry_described(const std::array<MetricInfo, N>& info) {
+  for (size_t i = 0; i < N; ++i) {
+    if (info[i].help.empty() && (i == 0 || info[i].family != info[i - 1].family)) return false;
+  }
+  return true;
+}
+static_assert(every_entry_described(kCountInfo) && every_entry_described(kLevelInfo));
+static_assert(static_cast<size_t>(Count::kStreamPauses) + 1 == kCounts);
+static_assert(static_cast<size_t>(Level::kStragglerRanks) + 1 == kLevels);
+
 // The counters of one reducer, shared by its jobs. Everything is a relaxed
 // atomic (or prometheus-cpp's histogram, whose leaf lock is held for one
 // bucket increment), so counting never takes a lock of the data path.
