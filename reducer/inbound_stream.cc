@@ -13,15 +13,15 @@ namespace asio = boost::asio;
 
 InboundStream::InboundStream(std::shared_ptr<Connection> conn, std::string source, Refused refused,
                              std::chrono::milliseconds hello_timeout,
-                             std::shared_ptr<ReducerCounters> counters, Route route, Event admitted,
-                             Event closed)
+                             std::shared_ptr<ReducerCounters> counters, Route route,
+                             AdmitStream admit, Event closed)
     : source(std::move(source)),
       refused_(refused),
       conn_(std::move(conn)),
       hello_timeout_(hello_timeout),
       counters_(std::move(counters)),
       route_(std::move(route)),
-      admitted_(std::move(admitted)),
+      admit_(std::move(admit)),
       closed_(std::move(closed)) {}
 
 void InboundStream::start() {
@@ -80,7 +80,8 @@ void InboundStream::on_control(const wire::Control& message) {
     }
     hello_timer_->cancel();
     session_ = route_(message, conn_, [weak = weak_from_this()] {
-      if (auto self = weak.lock()) self->admitted_(self);
+      auto self = weak.lock();
+      return self && self->admit_(self);
     });
     if (session_) {
       kind_ = &(
@@ -152,7 +153,13 @@ bool StreamAdmission::make_room(const std::string& source, size_t open) {
   return true;
 }
 
-void StreamAdmission::admitted(InboundStream& stream) {
+bool StreamAdmission::admit(InboundStream& stream) {
+  if (stream.evicted) return false;
+  settle(stream);
+  return true;
+}
+
+void StreamAdmission::settle(InboundStream& stream) {
   if (!stream.pending) return;
   stream.pending = false;
   auto it = pending_by_source_.find(stream.source);
@@ -165,7 +172,7 @@ void StreamAdmission::opened(const std::shared_ptr<InboundStream>& stream) {
 }
 
 void StreamAdmission::closed(InboundStream& stream) {
-  admitted(stream);
+  settle(stream);
   if (stream.evicted) --evicting_;
 }
 

@@ -72,7 +72,7 @@ struct Reducer::Impl : std::enable_shared_from_this<Reducer::Impl> {
   void on_accept(asio::ip::tcp::socket socket);
   // The session for a stream whose first message is `first`.
   std::shared_ptr<FrameHandler> route(const wire::Control& first, std::shared_ptr<Connection> conn,
-                                      std::function<void()> admitted);
+                                      InboundStream::Admit admit);
   void arm_sweep();
   // Replicas ask the job table for what to announce and tell it of lost
   // and returning replicas.
@@ -154,15 +154,15 @@ void Reducer::Impl::on_accept(asio::ip::tcp::socket socket) {
   auto stream = std::make_shared<InboundStream>(
       conn, source, refused, options.hello_timeout, counters,
       [weak](const wire::Control& first, std::shared_ptr<Connection> c,
-             std::function<void()> admitted) -> std::shared_ptr<FrameHandler> {
+             InboundStream::Admit admit) -> std::shared_ptr<FrameHandler> {
         auto self = weak.lock();
-        return self ? self->route(first, std::move(c), std::move(admitted)) : nullptr;
+        return self ? self->route(first, std::move(c), std::move(admit)) : nullptr;
       },
-      [weak](const std::shared_ptr<InboundStream>& admitted) {
-        if (auto self = weak.lock()) {
-          std::lock_guard lock(self->mu);
-          self->admission.admitted(*admitted);
-        }
+      [weak](const std::shared_ptr<InboundStream>& stream) {
+        auto self = weak.lock();
+        if (!self) return false;
+        std::lock_guard lock(self->mu);
+        return self->admission.admit(*stream);
       },
       [weak](const std::shared_ptr<InboundStream>& closed) {
         if (auto self = weak.lock()) {
@@ -183,15 +183,11 @@ void Reducer::Impl::on_accept(asio::ip::tcp::socket socket) {
 
 std::shared_ptr<FrameHandler> Reducer::Impl::route(const wire::Control& first,
                                                    std::shared_ptr<Connection> conn,
-                                                   std::function<void()> admitted) {
+                                                   InboundStream::Admit admit) {
   if (first.has_replica_hello()) {
-    auto session = std::make_shared<ReplicaSession>(context, std::move(conn));
-    session->on_admitted(std::move(admitted));
-    return session;
+    return std::make_shared<ReplicaSession>(context, std::move(conn), std::move(admit));
   }
-  auto session = std::make_shared<WorkerSession>(context, std::move(conn));
-  session->on_admitted(std::move(admitted));
-  return session;
+  return std::make_shared<WorkerSession>(context, std::move(conn), std::move(admit));
 }
 
 void Reducer::Impl::arm_sweep() {

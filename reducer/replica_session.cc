@@ -14,8 +14,11 @@
 namespace tally {
 
 ReplicaSession::ReplicaSession(std::shared_ptr<SessionContext> context,
-                               std::shared_ptr<Connection> conn)
-    : context_(std::move(context)), conn_(std::move(conn)), peer_(conn_->peer()) {}
+                               std::shared_ptr<Connection> conn, std::function<bool()> admit)
+    : context_(std::move(context)),
+      admit_(std::move(admit)),
+      conn_(std::move(conn)),
+      peer_(conn_->peer()) {}
 
 void ReplicaSession::answer(std::shared_ptr<const wire::Control> error) {
   context_->replicas->send_control(*group_, std::move(error));
@@ -94,6 +97,7 @@ void ReplicaSession::on_auth_response(const wire::AuthResponse& response) {
 }
 
 void ReplicaSession::accept(const wire::ReplicaHello& hello) {
+  if (!admit_()) return;  // cut to make room: the cut closes the stream
   const ReducerOptions& o = context_->options;
   if (Status s = conn_->attach_data_path(hello.data_path()); !s.is_ok()) {
     return reject_stream(conn_, s.with_context("data path of replica group " +
@@ -112,7 +116,6 @@ void ReplicaSession::accept(const wire::ReplicaHello& hello) {
   }
   conn_->send_control(welcome);
   group_ = hello.group();
-  if (auto admitted = std::exchange(admitted_, nullptr)) admitted();
   const std::string& t = hello.data_path().transport();
   spdlog::info("inbound stream of replica group {} from {}: data path {}", *group_, peer_,
                t.empty() ? "tcp" : t);

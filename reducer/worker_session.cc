@@ -24,8 +24,11 @@ constexpr std::chrono::milliseconds kStaleStateGrace{2000};
 constexpr std::chrono::milliseconds kStaleStateRetry{20};
 
 WorkerSession::WorkerSession(std::shared_ptr<SessionContext> context,
-                             std::shared_ptr<Connection> conn)
-    : context_(std::move(context)), conn_(std::move(conn)), peer_(conn_->peer()) {}
+                             std::shared_ptr<Connection> conn, std::function<bool()> admit)
+    : context_(std::move(context)),
+      admit_(std::move(admit)),
+      conn_(std::move(conn)),
+      peer_(conn_->peer()) {}
 
 void WorkerSession::send_result(const FrameHeader& header, std::shared_ptr<Slab> slab) {
   if (context_->stopped) return;
@@ -210,6 +213,7 @@ void WorkerSession::on_auth_response(const wire::AuthResponse& response) {
 }
 
 void WorkerSession::admit(const wire::Hello& hello, bool authenticated) {
+  if (!admit_()) return;  // cut to make room: the cut closes the stream
   if (Status s = conn_->attach_data_path(hello.data_path()); !s.is_ok()) {
     return reject_stream(conn_, s);
   }
@@ -237,7 +241,6 @@ void WorkerSession::join(std::shared_ptr<const wire::Hello> hello, bool authenti
     return;
   }
   job_ = *job;
-  if (auto admitted = std::exchange(admitted_, nullptr)) admitted();
   const wire::Hello& h = *hello;
   const ReducerOptions& o = context_->options;
   wire::Control welcome;

@@ -40,12 +40,19 @@ class Control;
 class InboundStream final : public FrameHandler,
                             public std::enable_shared_from_this<InboundStream> {
  public:
-  // Makes the session for a stream whose first message is `first`; the
-  // session calls `admitted` once it has joined a job or replica link.
-  using Route = std::function<std::shared_ptr<FrameHandler>(const wire::Control& first,
-                                                            std::shared_ptr<Connection> conn,
-                                                            std::function<void()> admitted)>;
-  // Called once each: when the stream is admitted, and when it closes.
+  // Asked by the stream's session, once, on the connection's executor,
+  // just before it joins a job or replica link (after authenticating where
+  // it must): whether it may. False when the stream was cut to make room
+  // meanwhile; the session then does nothing, and the cut closes it. Asking
+  // under the admission's lock is what keeps a cut from landing on a stream
+  // that has joined.
+  using Admit = std::function<bool()>;
+  // Makes the session for a stream whose first message is `first`.
+  using Route = std::function<std::shared_ptr<FrameHandler>(
+      const wire::Control& first, std::shared_ptr<Connection> conn, Admit admit)>;
+  // Whether `stream` may be admitted (see Admit).
+  using AdmitStream = std::function<bool(const std::shared_ptr<InboundStream>&)>;
+  // Called once, when the stream closes.
   using Event = std::function<void(const std::shared_ptr<InboundStream>&)>;
 
   // What protected mode refuses a stream from its address (ReducerOptions::
@@ -58,7 +65,7 @@ class InboundStream final : public FrameHandler,
 
   InboundStream(std::shared_ptr<Connection> conn, std::string source, Refused refused,
                 std::chrono::milliseconds hello_timeout, std::shared_ptr<ReducerCounters> counters,
-                Route route, Event admitted, Event closed);
+                Route route, AdmitStream admit, Event closed);
 
   // The peer's address, which its streams not yet admitted are counted by.
   const std::string source;
@@ -87,7 +94,7 @@ class InboundStream final : public FrameHandler,
   const std::chrono::milliseconds hello_timeout_;
   const std::shared_ptr<ReducerCounters> counters_;
   const Route route_;
-  const Event admitted_;
+  const AdmitStream admit_;
   const Event closed_;
   std::optional<boost::asio::steady_timer> hello_timer_;
   std::shared_ptr<FrameHandler> session_;
@@ -110,12 +117,16 @@ class StreamAdmission {
   bool make_room(const std::string& source, size_t open);
   // `stream` was let in (after make_room said so): it is not admitted yet.
   void opened(const std::shared_ptr<InboundStream>& stream);
-  // `stream` joined a job or a replica link.
-  void admitted(InboundStream& stream);
+  // Whether `stream` may join a job or a replica link: false when it was
+  // cut to make room. Once admitted it is never cut.
+  bool admit(InboundStream& stream);
   // `stream`, one of the open ones, closed.
   void closed(InboundStream& stream);
 
  private:
+  // `stream` is no longer waiting to be admitted (it was, or it closed).
+  void settle(InboundStream& stream);
+
   const ReducerOptions& options_;
   // Streams not yet admitted: in accept order (entries admitted, closed or
   // cut are dropped as they reach the front), and counted by source address.

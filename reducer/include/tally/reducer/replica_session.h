@@ -28,10 +28,12 @@ class AuthResponse;
 class ReplicaSession final : public FrameHandler,
                              public std::enable_shared_from_this<ReplicaSession> {
  public:
-  ReplicaSession(std::shared_ptr<SessionContext> context, std::shared_ptr<Connection> conn);
-  // Called once, on the connection's executor, when the replica's hello is
-  // accepted (authenticated where the pool has a secret).
-  void on_admitted(std::function<void()> admitted) { admitted_ = std::move(admitted); }
+  // `admit` is asked once, on the connection's executor, just before the
+  // replica's hello is accepted (authenticated where the pool has a
+  // secret): false means the stream was cut meanwhile
+  // (InboundStream::Admit), and it is not.
+  ReplicaSession(std::shared_ptr<SessionContext> context, std::shared_ptr<Connection> conn,
+                 std::function<bool()> admit);
 
   PayloadAction on_data_header(const FrameHeader& header) override;
   void on_data(const FrameHeader& header, std::span<std::byte> payload) override;
@@ -48,7 +50,7 @@ class ReplicaSession final : public FrameHandler,
   void answer(std::shared_ptr<const wire::Control> error);
 
   const std::shared_ptr<SessionContext> context_;
-  std::function<void()> admitted_;
+  const std::function<bool()> admit_;
   const std::shared_ptr<Connection> conn_;
   const std::string peer_;
   std::optional<uint32_t> group_;  // the replica's group, once its hello is accepted

@@ -31,10 +31,11 @@ class WorkerSession final : public FrameHandler,
                             public JobMember,
                             public std::enable_shared_from_this<WorkerSession> {
  public:
-  WorkerSession(std::shared_ptr<SessionContext> context, std::shared_ptr<Connection> conn);
-  // Called once, on the connection's executor, when the stream has joined
-  // its job (authenticated where it must be).
-  void on_admitted(std::function<void()> admitted) { admitted_ = std::move(admitted); }
+  // `admit` is asked once, on the connection's executor, just before the
+  // stream joins its job (authenticated where it must be): false means the
+  // stream was cut meanwhile (InboundStream::Admit), and it joins nothing.
+  WorkerSession(std::shared_ptr<SessionContext> context, std::shared_ptr<Connection> conn,
+                std::function<bool()> admit);
 
   // JobMember
   uint32_t rank() const override { return rank_; }
@@ -70,7 +71,7 @@ class WorkerSession final : public FrameHandler,
   Secret job_secret(std::string_view job) const;
 
   const std::shared_ptr<SessionContext> context_;
-  std::function<void()> admitted_;
+  const std::function<bool()> admit_;
   const std::shared_ptr<Connection> conn_;
   const std::string peer_;
   std::shared_ptr<Job> job_;
