@@ -85,7 +85,7 @@ size_t Job::quota_slabs(uint32_t window, size_t participants) {
   return size_t{window} * (1 + 2 * receives) + 2;
 }
 
-Status Job::join(const std::shared_ptr<JobMember>& member) {
+Status Job::join(const std::shared_ptr<JobMember>& member, Arrival arrival) {
   std::lock_guard lock(mu_);
   const uint32_t rank = member->rank();
   TALLY_CHECK_LT(rank, settings_.world_size);
@@ -112,6 +112,14 @@ Status Job::join(const std::shared_ptr<JobMember>& member) {
   rejoining_.erase(rank);
   marks_.joined(rank);
   departed_.erase(rank);
+  if (arrival == Arrival::kFresh) {
+    if (auto released = note_mark_locked(rank, 0)) {
+      // The group's mark is known now: every member is told it, this one
+      // after its Welcome (posted behind it).
+      for (auto& m : members_locked()) m->send_control(released);
+      return Status::ok();
+    }
+  }
   // After its Welcome (posted behind it): where the job's marks stand.
   if (auto released = job_mark_message_locked()) member->send_control(std::move(released));
   return Status::ok();

@@ -107,7 +107,7 @@ Result<std::shared_ptr<Job>> JobTable::admit(const wire::Hello& hello, bool auth
   }
   // Joined under mu_, so leave() cannot erase the job between finding and
   // joining it (which would leave this rank in an orphaned job).
-  TALLY_RETURN_IF_ERROR(job->join(member));
+  TALLY_RETURN_IF_ERROR(job->join(member, hello.resume() ? Arrival::kResuming : Arrival::kFresh));
   return job;
 }
 

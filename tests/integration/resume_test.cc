@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "clients.h"
+#include "cut_link.h"
 #include "harness.h"
 #include "raw_peer.h"
 #include "tally.pb.h"
@@ -404,6 +405,55 @@ TEST(Resume, HungThenContinuedReducerServesTheSameWorkersOn) {
     auto out = workers.wait(r, 60s);
     EXPECT_EQ(out.exit_code, 0) << out.out;
     EXPECT_TRUE(contains(out.out, "op 59 ok")) << out.out;
+  }
+}
+
+// A rank whose stream breaks while its reducer stays up, before any other
+// rank has joined: the reducer sees a lost rank of a job with no other
+// member, so the job's next round starts with the rank's resume, and the
+// others join that round. Its op in flight completes, exactly, on every rank.
+TEST(Resume, ARankCutBeforeTheOthersJoinedResumesIntoTheirRound) {
+  TestCluster cluster(PoolSpec{.shards = 1});
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  const std::string job = unique_job("resume-alone");
+  CutLink link(cluster.addresses()[0]);
+  ASSERT_FALSE(link.address().empty());
+  constexpr uint32_t kWorld = 3;
+  constexpr size_t kCount = 4096;
+  ClientOptions first = options_for(cluster, job, 0, kWorld);
+  first.pool = {link.address()};
+  auto rank0 = Client::connect(first);
+  ASSERT_TRUE(rank0.is_ok()) << rank0.status().to_string();
+  std::vector<std::vector<float>> data(kWorld, std::vector<float>(kCount));
+  for (uint32_t r = 0; r < kWorld; ++r) {
+    for (size_t i = 0; i < kCount; ++i) data[r][i] = static_cast<float>(r * 1000 + i % 100);
+  }
+  OpHandle op0 = (*rank0)->allreduce_async(data[0].data(), kCount, DType::kFloat32, RedOp::kSum);
+  link.cut();
+  ASSERT_TRUE(eventually(
+      [&] { return contains(cluster.reducer_log(0), "rank 0/3 of job '" + job + "' resumed"); },
+      10s))
+      << cluster.reducer_log(0);
+  std::vector<std::unique_ptr<Client>> others;
+  std::vector<OpHandle> ops;
+  for (uint32_t r = 1; r < kWorld; ++r) {
+    auto c = Client::connect(options_for(cluster, job, r, kWorld));
+    ASSERT_TRUE(c.is_ok()) << c.status().to_string();
+    ops.push_back((*c)->allreduce_async(data[r].data(), kCount, DType::kFloat32, RedOp::kSum));
+    others.push_back(std::move(*c));
+  }
+  ops.insert(ops.begin(), op0);
+  std::vector<float> sum(kCount);
+  for (size_t i = 0; i < kCount; ++i) {
+    sum[i] = static_cast<float>(0 + i % 100) + static_cast<float>(1000 + i % 100) +
+             static_cast<float>(2000 + i % 100);
+  }
+  for (uint32_t r = 0; r < kWorld; ++r) {
+    const auto ended = ops[r].wait_for(8s);
+    ASSERT_TRUE(ended.has_value()) << "rank " << r << "'s op 0 still in flight; reducer log:\n"
+                                   << cluster.reducer_log(0);
+    ASSERT_TRUE(ended->is_ok()) << "rank " << r << ": " << ended->to_string();
+    EXPECT_EQ(bytes_of(data[r]), bytes_of(sum)) << "rank " << r;
   }
 }
 

@@ -21,7 +21,9 @@ namespace {
 using job_testing::RecordingMember;
 
 struct Fixture {
-  explicit Fixture(uint32_t world, size_t slabs = 16, size_t slab_bytes = 4096) {
+  // Every rank joined as a fresh worker; `resuming` ones come back instead.
+  explicit Fixture(uint32_t world, size_t slabs = 16, size_t slab_bytes = 4096,
+                   std::vector<uint32_t> resuming = {}) {
     pool = *SlabPool::create(slab_bytes, slabs);
     JobSettings settings;
     settings.name = "unit-job";
@@ -30,7 +32,9 @@ struct Fixture {
     job = std::make_shared<Job>(settings, *SlabQuota::reserve(pool, slabs), counters);
     for (uint32_t r = 0; r < world; ++r) {
       members.push_back(std::make_shared<RecordingMember>(r));
-      EXPECT_TRUE(job->join(members.back()).is_ok());
+      const bool resumes = std::find(resuming.begin(), resuming.end(), r) != resuming.end();
+      EXPECT_TRUE(
+          job->join(members.back(), resumes ? Arrival::kResuming : Arrival::kFresh).is_ok());
     }
   }
 
@@ -243,7 +247,8 @@ TEST(Accumulator, LostRankFailsUnfinishedChunksAndLaterOps) {
   EXPECT_EQ(f.offer(f.header(1, 6, 0, 8, 0, 32), p1).kind, PayloadAction::Kind::kDiscard);
   EXPECT_EQ(f.members[1]->errors.back().error().op(), 6u);
   // The job stays failed: the rank cannot simply come back.
-  EXPECT_EQ(f.job->join(std::make_shared<RecordingMember>(2)).code(), ErrorCode::kUnavailable);
+  EXPECT_EQ(f.job->join(std::make_shared<RecordingMember>(2), Arrival::kFresh).code(),
+            ErrorCode::kUnavailable);
 }
 
 TEST(Accumulator, GoodbyeFailsOnlyWhatStillNeedsTheRank) {
@@ -261,7 +266,7 @@ TEST(Accumulator, GoodbyeFailsOnlyWhatStillNeedsTheRank) {
   ASSERT_EQ(f.members[0]->errors.size(), 1u);
   EXPECT_NE(f.members[0]->errors[0].error().message().find("it said: done"), std::string::npos);
   // The rank may join again.
-  EXPECT_TRUE(f.job->join(std::make_shared<RecordingMember>(1)).is_ok());
+  EXPECT_TRUE(f.job->join(std::make_shared<RecordingMember>(1), Arrival::kFresh).is_ok());
 }
 
 // A rank that contributed, left with a goodbye and rejoined on a new stream
@@ -275,7 +280,7 @@ TEST(Accumulator, RejoinedRankIsNotSentASumFromItsPreviousStream) {
   f.job->leave(f.members[1].get(), Status(ErrorCode::kCancelled, "restarting"),
                Departure::kGoodbye);
   auto rejoined = std::make_shared<RecordingMember>(1);
-  ASSERT_TRUE(f.job->join(rejoined).is_ok());
+  ASSERT_TRUE(f.job->join(rejoined, Arrival::kFresh).is_ok());
   auto h0 = f.header(0, 4, 0, 8, 0, 32);
   auto a0 = f.offer(h0, p0);
   ASSERT_EQ(a0.kind, PayloadAction::Kind::kReceive);
@@ -298,6 +303,32 @@ TEST(Accumulator, SweepTimesOutNamingMissingRanks) {
   const auto& e = f.members[0]->errors[0].error();
   EXPECT_EQ(e.code(), wire::TIMEOUT);
   EXPECT_NE(e.message().find("waiting for ranks [1,2]"), std::string::npos) << e.message();
+}
+
+// A worker that resumes sends nothing before its reducer's first Released
+// (docs/protocol.md, "Resuming"). Ranks that join fresh beside it (a job
+// begun again with the rank whose stream broke, or ranks that first
+// connected while the reducer restarted) have no results: their mark is 0
+// as they join, so the Released comes once every rank is in.
+TEST(Accumulator, ARankResumingBesideFreshOnesIsReleasedOnceAllHaveJoined) {
+  Fixture f(3, 16, 4096, {0});
+  EXPECT_TRUE(f.members[0]->released.empty()) << "released before rank 0 said its mark";
+  f.job->on_received(0, 0, 0);  // what a resuming worker says first
+  for (uint32_t r = 0; r < 3; ++r) {
+    ASSERT_EQ(f.members[r]->released.size(), 1u) << "rank " << r;
+    EXPECT_EQ(f.members[r]->released[0], 0u) << "rank " << r;
+  }
+}
+
+// Resuming ranks are counted by the marks they say: until every one has
+// said its own, nothing is released.
+TEST(Accumulator, ResumingRanksAreReleasedOnlyOnTheirOwnMarks) {
+  Fixture f(2, 16, 4096, {0, 1});
+  f.job->on_received(0, 4, 0);
+  EXPECT_TRUE(f.members[0]->released.empty());
+  f.job->on_received(1, 3, 0);
+  ASSERT_EQ(f.members[0]->released.size(), 1u);
+  EXPECT_EQ(f.members[0]->released[0], 3u);
 }
 
 }  // namespace

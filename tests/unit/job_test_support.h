@@ -23,9 +23,15 @@ class RecordingMember : public JobMember {
         {header, std::vector<float>(reinterpret_cast<float*>(slab->data()),
                                     reinterpret_cast<float*>(slab->data()) + header.length / 4)});
   }
+  // Released marks apart from the rest: every fresh member of a job is
+  // told the first one.
   void send_control(std::shared_ptr<const wire::Control> message) override {
     std::lock_guard lock(mu);
-    errors.push_back(*message);
+    if (message->has_released()) {
+      released.push_back(message->released().op_below());
+    } else {
+      errors.push_back(*message);
+    }
   }
   void wake() override { wakes++; }
 
@@ -36,6 +42,7 @@ class RecordingMember : public JobMember {
   std::mutex mu;
   std::vector<Result> results;
   std::vector<wire::Control> errors;
+  std::vector<uint64_t> released;
   int wakes = 0;
 
  private:

@@ -104,6 +104,10 @@ struct PendingContribution {
 
 // How a member left: with a goodbye (its stated reason) or lost.
 enum class Departure { kGoodbye, kLost };
+// How a member came: a worker's first hello (a new Client, with no
+// results yet), or a hello with resume set (it reconnects with ops and
+// results it may need to send again).
+enum class Arrival { kFresh, kResuming };
 
 class Job : public std::enable_shared_from_this<Job> {
  public:
@@ -131,9 +135,12 @@ class Job : public std::enable_shared_from_this<Job> {
   // This job as a ReplicaJob message for the other replicas.
   std::shared_ptr<const wire::Control> replica_job_message() const;
 
-  // Adds a member for its rank. Errors: kAlreadyExists (rank taken),
-  // kUnavailable (the job has failed since a rank was lost).
-  Status join(const std::shared_ptr<JobMember>& member);
+  // Adds a member for its rank. A fresh one has every result it will ever
+  // need replayed, none: its Received mark is 0 from the start, so the ranks
+  // that resume beside it are released without waiting for a mark it has
+  // no reason to send. Errors: kAlreadyExists (rank taken), kUnavailable
+  // (the job has failed since a rank was lost).
+  Status join(const std::shared_ptr<JobMember>& member, Arrival arrival);
   // Removes a member whose stream closed. A member lost without a goodbye
   // fails every unfinished chunk and the job itself, for the members that
   // remain (like an aborted NCCL communicator). A member that said goodbye
