@@ -20,7 +20,7 @@
 # plumbing without a GPU; STEPS, W and S size it.
 set -u
 wheel=$(readlink -f "${1:?usage: gpu_run.sh WHEEL [TALLY_BENCH]}")
-bench=${2:-}
+bench=${2:+$(readlink -f "$2")}
 repo=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:-/tmp/gpu-run}
 device=${DEVICE:-cuda}
@@ -53,6 +53,7 @@ for m in (\"numpy\", \"pytest\"):
 # 1. The wheel.
 py=python3
 if python3 -m venv --system-site-packages "$scratch/venv" >"$out/venv.log" 2>&1 &&
+    "$scratch/venv/bin/python" -c "import torch" >>"$out/venv.log" 2>&1 &&
     "$scratch/venv/bin/python" -m pip install --no-deps --no-index "$wheel" >>"$out/venv.log" 2>&1; then
     py=$scratch/venv/bin/python
     echo "=== wheel: installed into a venv with pip"
@@ -60,7 +61,7 @@ else
     python3 -m zipfile -e "$wheel" "$scratch/site"
     chmod +x "$scratch/site/tally/_bin/tally-reducer"
     export PYTHONPATH=$scratch/site
-    echo "=== wheel: unpacked onto PYTHONPATH (no venv with pip: $(tail -n 1 "$out/venv.log"))"
+    echo "=== wheel: unpacked onto PYTHONPATH (no venv with pip and torch: $(tail -n 1 "$out/venv.log"))"
 fi
 cd "$scratch" # outside the source tree from here on
 step import 60 "$py" -c "import tally, tally.torch, tally.pool; print(tally.__file__); print(tally.pool.find_reducer())"

@@ -47,12 +47,17 @@ def pieces(numel, element_size):
 
 
 class CudaCopier:
-    """Copies on a stream of its own, with events in between."""
+    """Copies on a stream of its own, with events in between. `device` may
+    be "cuda" or torch.device("cuda"): the current device is meant."""
 
     def __init__(self, device):
         import torch
 
         self._torch = torch
+        device = torch.device(device)
+        if device.index is None:
+            # A CUDA-aware Future takes indexed devices only.
+            device = torch.device(device.type, torch.cuda.current_device())
         self.device = device
         self.stream = torch.cuda.Stream(device)
 
