@@ -11,8 +11,11 @@ and wait for its future, timed the way tally-bench times (warm-up, a
 barrier, then the mean of back-to-back iterations, averaged over ranks),
 once per device of --devices: a bucket on cuda goes through tally.staging
 (pinned host pieces, copies overlapped with the network), and its time runs
-until its results are back on the device. Prints each time and the ratios:
-hook/tally-bench, and each device's time over the first device's.
+until its results are back on the device. "staged" is a CPU bucket driven
+through the same pipeline (tally.staging.HostCopier: a thread stands for
+the copy stream), which tells the pieces' cost from the GPU copies'. Prints
+each time and the ratios: hook/tally-bench, and each device's time over the
+first device's.
 """
 
 import argparse
@@ -28,6 +31,7 @@ import torch.multiprocessing as mp
 
 import tally
 import tally.pool
+import tally.staging
 import tally.torch
 
 
@@ -56,10 +60,17 @@ def worker(rank, args, pool, job, sizes, devices, out):
     results = {}
     for device in devices:
         on_gpu = device.startswith("cuda")
+        stager = None
+        if device == "staged":
+            stager = tally.staging.Stager(client, tally.staging.HostCopier())
         for nbytes in sizes:
-            bucket = Bucket(torch.ones(nbytes // 4, dtype=torch.float32, device=device))
+            where = "cpu" if stager else device
+            bucket = Bucket(torch.ones(nbytes // 4, dtype=torch.float32, device=where))
 
             def step():
+                if stager:
+                    stager.start(bucket.buffer(), "avg").future.wait()
+                    return
                 tally.torch.allreduce_hook(client, bucket).wait()
                 if on_gpu:  # until the results are back on the device
                     torch.cuda.current_stream().synchronize()
@@ -88,7 +99,12 @@ def main():
     p.add_argument("--bench", default=os.environ.get("TALLY_BENCH", "build/bench/tally-bench"))
     p.add_argument("--reducer", help="tally-reducer (default: $TALLY_REDUCER or PATH)")
     p.add_argument("--sizes", default="1M,4M,25M")
-    p.add_argument("--devices", default="cpu", help="where the buckets are: cpu, cuda, cpu,cuda")
+    p.add_argument(
+        "--devices",
+        default="cpu",
+        help="where the buckets are: cpu, cuda, staged (a CPU bucket through tally.staging), "
+        "comma-separated",
+    )
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--shards", type=int, default=2)
     p.add_argument("--warmup", type=int, default=5)
