@@ -1,7 +1,7 @@
 """Device tensors through host memory, pipelined with the network.
 
 The reducers sum host memory. A CUDA tensor (a DDP gradient bucket) is cut
-into pieces of about PIECE_BYTES, and each piece is its own tally op:
+into pieces of at least PIECE_BYTES, and each piece is its own tally op:
 
     producer stream --event--> copy stream: D2H piece 0, event 0, D2H piece 1, event 1, ...
     feeder thread:   wait event i (GIL released) -> start piece i's op
@@ -28,20 +28,26 @@ import threading
 
 from . import _buffers
 
-# A piece's bytes: large enough that an op's fixed costs (its headers, the
-# reducers' release round trip) stay small beside its transfer; small enough
-# that a 25 MiB DDP bucket makes 7 pieces, so that the first piece is on its
-# way while the rest are still being copied off the device.
+# A piece's bytes, at least: large enough that an op's fixed costs (its
+# headers, the reducers' release round trip) stay small beside its transfer,
+# and no smaller than what the client holds rather than copies (4 MiB of
+# results, docs/protocol.md "Resuming"): a held piece's results stay in its
+# pinned buffer until the reducers release them, where a smaller piece's
+# would be copied for resuming at its end, about 1 ms of worker CPU per
+# 4 MiB (a 25 MiB bucket's staging then cost 1.4x its CPU tensor's). Small
+# enough that a 25 MiB DDP bucket makes 6 pieces, so that the first piece
+# is on its way while the rest are still being copied off the device.
 PIECE_BYTES = 4 << 20
 
 
 def pieces(numel, element_size):
-    """[(start, stop), ...] element ranges of about PIECE_BYTES; one empty
-    piece for an empty tensor (it still takes an op number)."""
+    """[(start, stop), ...] element ranges of at least PIECE_BYTES each (a
+    smaller tensor is one piece); one empty piece for an empty tensor (it
+    still takes an op number)."""
     if numel == 0:
         return [(0, 0)]
     per = max(1, PIECE_BYTES // element_size)
-    count = -(-numel // per)
+    count = max(1, numel // per)
     # As even as they go: sizes differ by one element at most.
     return [(i * numel // count, (i + 1) * numel // count) for i in range(count)]
 
