@@ -504,6 +504,17 @@ std::map<uint32_t, std::string> Job::departures() const {
   return out;
 }
 
+void Job::evict(const Status& why) {
+  std::vector<std::shared_ptr<JobMember>> members;
+  {
+    std::lock_guard lock(mu_);
+    if (!lost_) lost_ = why;
+    fail_all_ops_locked(why, {}, Forward::kNo);
+    members = members_locked();
+  }
+  for (auto& m : members) m->close(why);
+}
+
 void Job::retire(std::string why) {
   std::lock_guard lock(mu_);
   retired_ = true;

@@ -72,15 +72,31 @@ Result<std::shared_ptr<Job>> JobTable::admit(const wire::Hello& hello, bool auth
   if (stopping_) return Status(ErrorCode::kUnavailable, "reducer is shutting down");
   std::shared_ptr<Job> job;
   auto it = jobs_.find(hello.job());
+  if (it != jobs_.end() && authenticated && !it->second->settings().authenticated) {
+    // A mixed pool (a job secret, --require-auth off): an authenticated
+    // worker outranks the unauthenticated job that holds its name, so a
+    // stranger who says a job's name first cannot keep the job out. That
+    // job ends; this worker's starts afresh.
+    const Status taken(
+        ErrorCode::kUnauthenticated,
+        "job '" + hello.job() + "' did not authenticate, and " + who + " of a job of that name " +
+            "did: this reducer gives the name to the authenticated job (give every rank "
+            "TALLY_JOB_SECRET_FILE or TALLY_JOB_SECRET)");
+    spdlog::warn("{}; the unauthenticated job ends", taken.message());
+    job = it->second;
+    erase_locked(job);
+    job->evict(taken);
+    job = nullptr;
+    it = jobs_.end();
+  }
   if (it != jobs_.end()) {
     job = it->second;
     if (job->settings().authenticated != authenticated) {
       // Only without --require-auth can an unauthenticated stream get here.
       return Status(ErrorCode::kUnauthenticated,
-                    who + " of job '" + hello.job() + "' " +
-                        (authenticated ? "authenticated, but the job's other ranks did not"
-                                       : "did not authenticate, but the job's other ranks did") +
-                        " (give every rank the same TALLY_JOB_SECRET_FILE or TALLY_JOB_SECRET)");
+                    who + " of job '" + hello.job() +
+                        "' did not authenticate, but the job's other ranks did (give every rank "
+                        "the same TALLY_JOB_SECRET_FILE or TALLY_JOB_SECRET)");
     }
     if (job->settings().world_size != hello.world_size()) {
       return Status(ErrorCode::kMismatch,

@@ -59,6 +59,11 @@ void WorkerSession::wake() {
   asio::post(conn_->executor(), [self = shared_from_this()] { self->conn_->resume(); });
 }
 
+void WorkerSession::close(const Status& why) {
+  asio::post(conn_->executor(),
+             [self = shared_from_this(), why] { close_with_error(self->conn_, why); });
+}
+
 PayloadAction WorkerSession::on_data_header(const FrameHeader& h) {
   if (!job_) {
     return PayloadAction::close(

@@ -176,6 +176,38 @@ TEST(Auth, AStrangerLearnsNothingAndTakesNoRank) {
   EXPECT_EQ(out1.exit_code, 0) << out1.out;
 }
 
+// A mixed pool (a job secret, --require-auth off): a stranger who says a
+// job's name first, without authenticating, does not keep that job out. The
+// authenticated workers' Hello ends the squatter's job, telling it why, and
+// their job runs.
+TEST(Auth, AnUnauthenticatedSquatterDoesNotKeepAnAuthenticatedJobOut) {
+  AuthPool pool(PoolSpec{}, /*require=*/false);
+  ASSERT_TRUE(pool.cluster->ok()) << pool.cluster->error();
+  TestCluster& cluster = *pool.cluster;
+  const std::string job = unique_job("squatted");
+  RawPeer squatter(cluster.addresses()[0]);
+  squatter.send_control(raw_hello(job, 0, 2));
+  ASSERT_TRUE(eventually(
+      [&] { return contains(cluster.reducer_log(0), "rank 0/2 of job '" + job + "' joined"); },
+      10s))
+      << cluster.reducer_log(0);
+  auto env_of = [&](uint32_t rank) {
+    auto env = cluster.worker_env(job, rank, 2);
+    env["TALLY_JOB_SECRET_FILE"] = pool.secret_file;
+    return env;
+  };
+  const Args args{"--count", "1009", "--ops", "3"};
+  bench::Process rank0 = cluster.spawn_worker("a0", args, env_of(0));
+  bench::Process rank1 = cluster.spawn_worker("a1", args, env_of(1));
+  auto out0 = wait_worker(rank0, cluster, "a0", 30s);
+  auto out1 = wait_worker(rank1, cluster, "a1", 30s);
+  EXPECT_EQ(out0.exit_code, 0) << out0.out;
+  EXPECT_EQ(out1.exit_code, 0) << out1.out;
+  std::string got;
+  EXPECT_TRUE(squatter.closed_within(5s, &got));
+  EXPECT_TRUE(contains(got, "gives the name to the authenticated job")) << got;
+}
+
 // Replica links authenticate with the pool secret: a pool with one runs,
 // and a stranger's ReplicaHello (then a hang-up, or a forged ReplicaError)
 // neither marks the real replica lost nor fails a job.

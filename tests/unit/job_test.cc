@@ -305,6 +305,28 @@ TEST(Accumulator, SweepTimesOutNamingMissingRanks) {
   EXPECT_NE(e.message().find("waiting for ranks [1,2]"), std::string::npos) << e.message();
 }
 
+// A job evicted for a claim that outranks it (an authenticated job asking
+// for its name): its ops fail, every member is closed with the reason, and
+// later contributions are not summed.
+TEST(Accumulator, AnEvictedJobFailsItsOpsAndClosesEveryMember) {
+  Fixture f(2);
+  PendingContribution p0;
+  auto h = f.header(0, 0, 0, 8, 0, 32);
+  auto a = f.offer(h, p0);
+  ASSERT_EQ(a.kind, PayloadAction::Kind::kReceive);
+  f.deliver(h, p0, a.dst);
+  f.job->evict(Status(ErrorCode::kUnauthenticated, "the name went to an authenticated job"));
+  for (uint32_t r = 0; r < 2; ++r) {
+    ASSERT_TRUE(f.members[r]->closed.has_value()) << "rank " << r;
+    EXPECT_EQ(f.members[r]->closed->code(), ErrorCode::kUnauthenticated);
+  }
+  ASSERT_FALSE(f.members[0]->errors.empty());
+  EXPECT_EQ(f.members[0]->errors[0].error().code(), wire::UNAUTHENTICATED);
+  PendingContribution p1;
+  EXPECT_EQ(f.offer(f.header(1, 0, 0, 8, 0, 32), p1).kind, PayloadAction::Kind::kDiscard);
+  EXPECT_TRUE(f.members[1]->results.empty());
+}
+
 // A worker that resumes sends nothing before its reducer's first Released
 // (docs/protocol.md, "Resuming"). Ranks that join fresh beside it (a job
 // begun again with the rank whose stream broke, or ranks that first

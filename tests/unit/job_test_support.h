@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,10 @@ class RecordingMember : public JobMember {
     }
   }
   void wake() override { wakes++; }
+  void close(const Status& why) override {
+    std::lock_guard lock(mu);
+    closed = why;
+  }
 
   struct Result {
     FrameHeader header;
@@ -44,6 +49,7 @@ class RecordingMember : public JobMember {
   std::vector<wire::Control> errors;
   std::vector<uint64_t> released;
   int wakes = 0;
+  std::optional<Status> closed;
 
  private:
   uint32_t rank_;

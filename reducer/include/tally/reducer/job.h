@@ -60,6 +60,8 @@ class JobMember {
   virtual void send_control(std::shared_ptr<const wire::Control> message) = 0;
   // A slab may be free again: retry the contribution that paused.
   virtual void wake() = 0;
+  // Tells the worker why (an Error) and closes its stream.
+  virtual void close(const Status& why) = 0;
 };
 
 struct JobSettings {
@@ -193,6 +195,10 @@ class Job : public std::enable_shared_from_this<Job> {
   // Taken out of the reducer's job table: partials still arriving for it
   // are answered with an error that gives `why`.
   void retire(std::string why);
+  // Ends the job for good for a claim that outranks it (an authenticated
+  // job asking for the name this unauthenticated one holds): its ops fail
+  // with `why`, and every member is told it and closed.
+  void evict(const Status& why);
   // No member, nothing in flight, and memberless for longer than the op
   // timeout (a job created by a replica whose own workers never came).
   bool abandoned(Clock::time_point now) const;

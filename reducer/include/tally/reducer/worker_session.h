@@ -43,6 +43,7 @@ class WorkerSession final : public FrameHandler,
   void send_result(const FrameHeader& header, std::shared_ptr<Slab> slab) override;
   void send_control(std::shared_ptr<const wire::Control> message) override;
   void wake() override;
+  void close(const Status& why) override;
 
   // FrameHandler
   PayloadAction on_data_header(const FrameHeader& header) override;
