@@ -270,6 +270,37 @@ void Client::Impl::on_op_error(uint64_t op_id, const Status& reported) {
   early_errors.emplace(op_id, status);
 }
 
+void Client::Impl::on_result(ShardLink& link, const FrameHeader& h) {
+  const uint32_t shard = link.shard();
+  auto it = ops.find(h.op);
+  TALLY_CHECK(it != ops.end());  // a posted receive outlives its op's I/O
+  std::shared_ptr<Op> op = it->second;
+  TALLY_CHECK(!op->failed);  // a failed op's receives were cancelled: no result comes
+  const ChunkExtent extent = op->plan->chunk(h.chunk);
+  const uint16_t flags = op->wide_result ? kFrameFlagAccumulators : 0;
+  const uint64_t length = op->wide_result ? extent.length * 2 : extent.length;
+  if (h.count != op->count || h.dtype != op->wire || h.offset != extent.offset ||
+      h.flags != flags || h.length != length || op->got[h.chunk]) {
+    return fail_op(
+        op, Status(ErrorCode::kProtocol, link.name() + " sent a result that does not match op " +
+                                             std::to_string(op->id) + ": " + describe(h)));
+  }
+  if (op->wire != op->dtype && !op->wide_result) {
+    // bfloat16 -> float32 into the caller's buffer (make_op's only narrowing wire).
+    kernels().widen_bf16(reinterpret_cast<float*>(op->data + extent.offset * 2),
+                         reinterpret_cast<const uint16_t*>(op->staging.data() + extent.offset),
+                         extent.length / 2);
+  }
+  op->got[h.chunk] = 1;
+  op->results++;
+  counters.received(h.length);
+  op->unanswered[shard]--;
+  op->unanswered_bytes[shard] -= extent.length;
+  link.window().answered(1, extent.length);
+  pump(link);
+  maybe_finish(op);
+}
+
 void Client::Impl::on_link_closed(uint32_t shard, const Status& status) {
   if (!broken) broken = status;
   on_link_lost(shard);
@@ -303,9 +334,12 @@ Result<std::unique_ptr<Client>> Client::connect(const ClientOptions& options) {
       options.group ? options.group_sizes : default_group_sizes(options.world_size, options.groups);
   // Only the S reducers of this worker's group.
   const uint32_t shards = static_cast<uint32_t>(options.pool.size() / options.groups);
+  impl->link_settings.emplace(
+      LinkSettings{impl->options, impl->io, impl->fabric, impl->group, impl->group_sizes, shards});
   for (uint32_t s = 0; s < shards; ++s) {
     impl->links.push_back(std::make_shared<ShardLink>(
-        *impl, s, *parse_host_port(options.pool[pool_index(impl->group, s, shards)])));
+        *impl, *impl->link_settings, s,
+        *parse_host_port(options.pool[pool_index(impl->group, s, shards)])));
   }
   impl->guard.emplace(asio::make_work_guard(impl->io));
   impl->thread = std::thread([io = &impl->io] { io->run(); });

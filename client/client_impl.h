@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "op_state.h"
+#include "shard_link.h"
 #include "tally/client/client.h"
 #include "tally/protocol/chunking.h"
 #include "tally/protocol/fabric_transport.h"
@@ -27,8 +28,6 @@ namespace client_internal {
 
 using std::chrono::milliseconds;
 
-// Pause between attempts to reach a reducer that is not listening yet.
-inline constexpr milliseconds kConnectRetry{100};
 // After an op fails, how long its in-flight I/O may take to drain before the
 // streams still touching the caller's buffer are closed.
 inline constexpr milliseconds kDrainGrace{2000};
@@ -126,9 +125,8 @@ class Counters {
 }  // namespace client_internal
 
 using client_internal::Op;
-class ShardLink;
 
-struct Client::Impl {
+struct Client::Impl final : LinkOwner {
   ClientOptions options;
   uint64_t job = 0;
   uint32_t group = 0;
@@ -145,6 +143,8 @@ struct Client::Impl {
   std::thread thread;
   // After `io`: endpoints are closed before the context they live on goes.
   std::shared_ptr<Fabric> fabric;
+  // What every link says and connects with (set before the links are made).
+  std::optional<LinkSettings> link_settings;
   std::vector<std::shared_ptr<ShardLink>> links;
   std::mutex start_mu;
   std::atomic<uint64_t> next_op{0};
@@ -173,20 +173,25 @@ struct Client::Impl {
   void fail_op(std::shared_ptr<Op> op,
                const Status& status);  // by value: callers may pass the ops map entry
   void maybe_finish(std::shared_ptr<Op> op);
-  void on_op_error(uint64_t op_id, const Status& status);
+  // LinkOwner
+  // A result: widened where the wire is narrower, counted, the window moved.
+  void on_result(ShardLink& link, const FrameHeader& h) override;
+  // The answer to a replay frees its window slot (resume.cc).
+  bool on_unposted_result(ShardLink& link, const FrameHeader& h) override;
+  void on_op_error(uint64_t op_id, const Status& status) override;
   // The stream to `shard` is gone for good: every op in flight fails.
-  void on_link_closed(uint32_t shard, const Status& status);
+  void on_link_closed(uint32_t shard, const Status& status) override;
   // The stream to `shard` was lost and is being reopened: nothing in flight
   // on it will be answered, so its window and receives start again.
-  void on_link_lost(uint32_t shard);
+  void on_link_lost(uint32_t shard) override;
   // It is open again: this worker says its Received mark and waits for the
   // reducer's first Released (every rank's mark), then resend()s.
-  void on_link_resumed(uint32_t shard);
+  void on_link_resumed(uint32_t shard) override;
   // Every chunk on `shard` of the ops in flight and of the kept ops from
   // `op_below` on goes again, as a contribution or, where this worker has
   // the result, as a replay.
   void resend(uint32_t shard, uint64_t op_below);
-  void on_released(uint32_t shard, uint64_t op_below);
+  void on_released(uint32_t shard, uint64_t op_below) override;
   // Tells the reducers how far this worker has every result (Received).
   void note_received();
   // The lowest op this worker has not finished.
@@ -200,7 +205,7 @@ struct Client::Impl {
   // (its results then stay in the caller's buffer for replays, uncopied).
   bool holds(const Op& op) const;
   // The highest Released mark of any reducer.
-  uint64_t released_below() const;
+  uint64_t released_below() const override;
   // Drops the kept ops every reducer has released.
   void trim_kept();
   // Removes `op`'s chunks still queued on every link (replays of a released

@@ -151,6 +151,29 @@ void Client::Impl::on_released(uint32_t shard, uint64_t op_below) {
   }
 }
 
+bool Client::Impl::on_unposted_result(ShardLink& link, const FrameHeader& h) {
+  const uint32_t shard = link.shard();
+  std::shared_ptr<Op> op;
+  if (auto it = ops.find(h.op); it != ops.end()) op = it->second;
+  if (auto it = kept.find(h.op); it != kept.end()) op = it->second;
+  if (op && h.chunk < op->replaying.size() && op->replaying[h.chunk]) {
+    // The answer to a replay: this worker has the bytes already.
+    const uint64_t bytes = result_span(*op, op->plan->chunk(h.chunk)).size();
+    op->replaying[h.chunk] = 0;
+    op->unanswered[shard]--;
+    op->unanswered_bytes[shard] -= bytes;
+    link.window().answered(1, bytes);
+    pump(link);
+    trim_kept();
+    if (op->holding) maybe_finish(op);  // a released op waits for these answers
+    return true;
+  }
+  if (h.op >= started_below) return false;
+  // A late result of an op that failed (its receives were cancelled).
+  auto it = ops.find(h.op);
+  return it == ops.end() || it->second->failed;
+}
+
 void Client::Impl::on_link_lost(uint32_t shard) {
   ShardLink& link = *links[shard];
   // Nothing sent on the lost stream will be answered, and it writes into

@@ -9,16 +9,16 @@
 #include "tally/protocol/chunking.h"
 #include "tally/protocol/connection_factory.h"
 #include "tally/protocol/control.h"
-#include "tally/protocol/kernels.h"
 #include "tally/protocol/link_rate.h"
 #include "tally/protocol/tcp_transport.h"
 
 namespace tally {
 namespace asio = boost::asio;
 using Clock = std::chrono::steady_clock;
-using client_internal::kConnectRetry;
 using std::chrono::milliseconds;
 
+// Pause between attempts to reach a reducer that is not listening yet.
+constexpr milliseconds kConnectRetry{100};
 // Pauses between attempts to reopen a lost stream: doubling up to the last.
 constexpr milliseconds kResumeBackoffFirst{100};
 constexpr milliseconds kResumeBackoffMost{1000};
@@ -36,10 +36,10 @@ void ShardLink::connect(Clock::time_point deadline) {
     return settle(
         Status(ErrorCode::kTimeout, "could not reach reducer " + address_.to_string() + " (shard " +
                                         std::to_string(shard_) + ") within " +
-                                        std::to_string(client_.options.connect_timeout.count()) +
+                                        std::to_string(settings_.options.connect_timeout.count()) +
                                         " ms" + (last_error_.empty() ? "" : ": " + last_error_)));
   }
-  async_tcp_connect(client_.io, address_,
+  async_tcp_connect(settings_.io, address_,
                     phase_ == Phase::kResuming ? std::min(left, kResumeAttempt) : left,
                     [self = shared_from_this()](Result<asio::ip::tcp::socket> r) {
                       self->on_connected(std::move(r));
@@ -68,31 +68,13 @@ void ShardLink::send_received(uint64_t op_below) {
   if (closed_ || !conn_) return;
   wire::Control received;
   received.mutable_received()->set_op_below(op_below);
-  received.mutable_received()->set_released_below(client_.released_below());
+  received.mutable_received()->set_released_below(owner_.released_below());
   conn_->send_control(received);
 }
 
 PayloadAction ShardLink::on_data_header(const FrameHeader& h) {
-  if (h.kind == FrameKind::kResult) {
-    // The answer to a replay: this worker has the bytes already.
-    std::shared_ptr<Op> op;
-    if (auto it = client_.ops.find(h.op); it != client_.ops.end()) op = it->second;
-    if (auto it = client_.kept.find(h.op); it != client_.kept.end()) op = it->second;
-    if (op && h.chunk < op->replaying.size() && op->replaying[h.chunk]) {
-      const uint64_t bytes = result_span(*op, op->plan->chunk(h.chunk)).size();
-      op->replaying[h.chunk] = 0;
-      op->unanswered[shard_]--;
-      op->unanswered_bytes[shard_] -= bytes;
-      window_.answered(1, bytes);
-      client_.pump(*this);
-      client_.trim_kept();
-      if (op->holding) client_.maybe_finish(op);  // a released op waits for these answers
-      return PayloadAction::discard();
-    }
-  }
-  if (h.kind == FrameKind::kResult && h.op < client_.started_below) {
-    auto it = client_.ops.find(h.op);
-    if (it == client_.ops.end() || it->second->failed) return PayloadAction::discard();
+  if (h.kind == FrameKind::kResult && owner_.on_unposted_result(*this, h)) {
+    return PayloadAction::discard();
   }
   return PayloadAction::close(
       Status(ErrorCode::kProtocol, "unexpected " + describe(h) + " from reducer " + conn_->peer()));
@@ -103,14 +85,14 @@ std::string ShardLink::name() const {
 }
 
 std::string ShardLink::identity() const {
-  return auth_identity(client_.options.job, client_.options.rank, client_.options.world_size,
-                       client_.group);
+  return auth_identity(settings_.options.job, settings_.options.rank, settings_.options.world_size,
+                       settings_.group);
 }
 
 void ShardLink::on_control(const wire::Control& message) {
   if (message.has_welcome()) return on_welcome(message.welcome());
   if (message.has_released() && settled_ && phase_ == Phase::kLive) {
-    return client_.on_released(shard_, message.released().op_below());
+    return owner_.on_released(shard_, message.released().op_below());
   }
   if (message.has_replica_lost() && settled_ && phase_ == Phase::kLive) {
     replica_lost_ = ReplicaLost{utf8_prefix(message.replica_lost().replica(), 256),
@@ -129,7 +111,7 @@ void ShardLink::on_control(const wire::Control& message) {
   }
   if (message.has_auth_challenge() && !settled_ && reducer_nonce_.empty()) {
     const std::string& nonce = message.auth_challenge().nonce();
-    if (client_.options.secret.empty() || nonce.size() != kAuthNonceBytes) {
+    if (settings_.options.secret.empty() || nonce.size() != kAuthNonceBytes) {
       Status why(ErrorCode::kUnauthenticated,
                  "reducer " + address_.to_string() +
                      " asks this worker to authenticate, but it has no job secret (set "
@@ -139,7 +121,7 @@ void ShardLink::on_control(const wire::Control& message) {
     }
     reducer_nonce_ = nonce;
     wire::Control answer;
-    answer.mutable_auth_response()->set_mac(auth_mac(client_.options.secret, AuthRole::kWorker,
+    answer.mutable_auth_response()->set_mac(auth_mac(settings_.options.secret, AuthRole::kWorker,
                                                      reducer_nonce_, worker_nonce_, identity()));
     conn_->send_control(answer);
     return;
@@ -147,7 +129,7 @@ void ShardLink::on_control(const wire::Control& message) {
   if (message.has_error()) {
     Status status = status_from_error(message.error());
     if (message.error().has_op()) {
-      return client_.on_op_error(message.error().op(), status.with_context(name()));
+      return owner_.on_op_error(message.error().op(), status.with_context(name()));
     }
     fatal_ = status;  // the reducer closes the stream next
     if (!settled_) settle(status.with_context("reducer " + address_.to_string()));
@@ -175,21 +157,21 @@ void ShardLink::on_closed(const Status& status) {
       }
       settle(why);
       phase_ = Phase::kGone;
-      return client_.on_link_closed(shard_, why);
+      return owner_.on_link_closed(shard_, why);
     case Phase::kLive:
       if (!resumable(why)) {
         phase_ = Phase::kGone;
-        return client_.on_link_closed(shard_, why);
+        return owner_.on_link_closed(shard_, why);
       }
       phase_ = Phase::kResuming;
       lost_ = why;
-      resume_deadline_ = Clock::now() + client_.options.op_timeout;
+      resume_deadline_ = Clock::now() + settings_.options.op_timeout;
       // Asked to rejoin by a live reducer: at once.
       backoff_ = rejoining_ ? milliseconds(0) : kResumeBackoffFirst;
       spdlog::log(rejoining_ ? spdlog::level::info : spdlog::level::warn,
-                  "job '{}' rank {}: {}; reconnecting for up to {} ms", client_.options.job,
-                  client_.options.rank, why.to_string(), client_.options.op_timeout.count());
-      client_.on_link_lost(shard_);
+                  "job '{}' rank {}: {}; reconnecting for up to {} ms", settings_.options.job,
+                  settings_.options.rank, why.to_string(), settings_.options.op_timeout.count());
+      owner_.on_link_lost(shard_);
       return retry();
     case Phase::kResuming:
       // An attempt that did not get its Welcome.
@@ -208,7 +190,7 @@ bool ShardLink::resumable(const Status& why) const {
   // A live reducer asked: it starts the ops in flight again, which needs
   // no kept result for the chunks no rank has a result of.
   if (rejoining_) return true;
-  if (client_.options.resume_bytes == 0) return false;
+  if (settings_.options.resume_bytes == 0) return false;
   // A reducer's refusal stops it, unless it is the stale state a reducer
   // holds until it has seen the old stream end, or a reducer shutting down.
   if (!fatal_) return true;
@@ -221,12 +203,12 @@ void ShardLink::retry() {
   const auto now = Clock::now();
   if (now >= resume_deadline_) {
     return give_up(Status(lost_->code(), lost_->message() + "; it did not come back within " +
-                                             std::to_string(client_.options.op_timeout.count()) +
+                                             std::to_string(settings_.options.op_timeout.count()) +
                                              " ms"));
   }
   // The last pause ends at the deadline, so giving up is not a backoff late.
   auto timer = std::make_shared<asio::steady_timer>(
-      client_.io, std::min<Clock::duration>(backoff_, resume_deadline_ - now));
+      settings_.io, std::min<Clock::duration>(backoff_, resume_deadline_ - now));
   backoff_ = backoff_ == milliseconds(0) ? kResumeBackoffFirst
                                          : std::min(backoff_ * 2, kResumeBackoffMost);
   timer->async_wait([self = shared_from_this(), timer](const boost::system::error_code&) {
@@ -241,7 +223,7 @@ void ShardLink::retry() {
 }
 
 void ShardLink::redial() {
-  auto timer = std::make_shared<asio::steady_timer>(client_.io, kConnectRetry);
+  auto timer = std::make_shared<asio::steady_timer>(settings_.io, kConnectRetry);
   timer->async_wait([self = shared_from_this(), timer](const boost::system::error_code&) {
     self->connect(self->connect_deadline_);
   });
@@ -250,7 +232,7 @@ void ShardLink::redial() {
 void ShardLink::give_up(const Status& why) {
   phase_ = Phase::kGone;
   closed_ = true;
-  client_.on_link_closed(shard_, why);
+  owner_.on_link_closed(shard_, why);
 }
 
 void ShardLink::on_connected(Result<asio::ip::tcp::socket> r) {
@@ -268,24 +250,24 @@ void ShardLink::on_connected(Result<asio::ip::tcp::socket> r) {
   // Results go into posted receives of the plan's pieces; the stream opens
   // before the Welcome says the reducer's limit, so this is the protocol's.
   copts.max_data_bytes = kMaxChunkBytesLimit;
-  copts.heartbeat_interval = client_.options.heartbeat_interval;
-  copts.peer_timeout = client_.options.peer_timeout;
-  copts.congestion_control = client_.options.tcp_congestion;
-  conn_ = make_connection(client_.fabric, std::move(*r), copts);
+  copts.heartbeat_interval = settings_.options.heartbeat_interval;
+  copts.peer_timeout = settings_.options.peer_timeout;
+  copts.congestion_control = settings_.options.tcp_congestion;
+  conn_ = make_connection(settings_.fabric, std::move(*r), copts);
   conn_->start(shared_from_this());
   wire::Control hello;
   auto* h = hello.mutable_hello();
   h->set_protocol_version(kProtocolVersion);
-  h->set_job(client_.options.job);
-  h->set_rank(client_.options.rank);
-  h->set_world_size(client_.options.world_size);
-  h->set_op_timeout_ms(static_cast<uint32_t>(client_.options.op_timeout.count()));
+  h->set_job(settings_.options.job);
+  h->set_rank(settings_.options.rank);
+  h->set_world_size(settings_.options.world_size);
+  h->set_op_timeout_ms(static_cast<uint32_t>(settings_.options.op_timeout.count()));
   h->set_client_version(TALLY_VERSION);
-  h->set_group(client_.group);
-  for (uint32_t n : client_.group_sizes) h->add_group_sizes(n);
-  h->set_groups_explicit(client_.options.group.has_value());
+  h->set_group(settings_.group);
+  for (uint32_t n : settings_.group_sizes) h->add_group_sizes(n);
+  h->set_groups_explicit(settings_.options.group.has_value());
   h->set_resume(phase_ == Phase::kResuming);
-  if (!client_.options.secret.empty()) {
+  if (!settings_.options.secret.empty()) {
     worker_nonce_ = make_nonce();
     h->set_auth_nonce(worker_nonce_);
   }
@@ -304,34 +286,34 @@ void ShardLink::on_welcome(const wire::Welcome& w) {
   }
   Status bad;
   const uint32_t group_count = std::max<uint32_t>(w.group_count(), 1);
-  if (w.shard_count() != client_.links.size() || w.shard() != shard_ ||
-      group_count != client_.options.groups || w.group() != client_.group) {
+  if (w.shard_count() != settings_.shard_count || w.shard() != shard_ ||
+      group_count != settings_.options.groups || w.group() != settings_.group) {
     bad = Status(
         ErrorCode::kInvalidArgument,
         who + " is shard " + std::to_string(w.shard()) + " of " + std::to_string(w.shard_count()) +
             " in group " + std::to_string(w.group()) + " of " + std::to_string(group_count) +
             ", but TALLY_POOL lists it as shard " + std::to_string(shard_) + " of " +
-            std::to_string(client_.links.size()) + " in group " + std::to_string(client_.group) +
-            " of " + std::to_string(client_.options.groups) +
+            std::to_string(settings_.shard_count) + " in group " + std::to_string(settings_.group) +
+            " of " + std::to_string(settings_.options.groups) +
             " (the pool must list every reducer in shard order, group after group, i.e. in "
             "(group, shard) order, and TALLY_GROUPS must match the pool)");
   } else if (w.max_chunk_bytes() == 0 || w.max_chunk_bytes() > kMaxChunkBytesLimit) {
     bad = Status(ErrorCode::kProtocol, who + " gives a maximum chunk of " +
                                            std::to_string(w.max_chunk_bytes()) + " bytes (1 to " +
                                            std::to_string(kMaxChunkBytesLimit) + " expected)");
-  } else if (client_.options.chunk_bytes > w.max_chunk_bytes()) {
+  } else if (settings_.options.chunk_bytes > w.max_chunk_bytes()) {
     bad = Status(ErrorCode::kInvalidArgument,
-                 "chunk size " + std::to_string(client_.options.chunk_bytes) + " exceeds " + who +
+                 "chunk size " + std::to_string(settings_.options.chunk_bytes) + " exceeds " + who +
                      "'s maximum of " + std::to_string(w.max_chunk_bytes()));
   } else if (w.protocol_version() != kProtocolVersion) {
     bad = Status(ErrorCode::kVersionMismatch,
                  who + " speaks protocol version " + std::to_string(w.protocol_version()) +
                      ", this client speaks " + std::to_string(kProtocolVersion));
-  } else if (!client_.options.secret.empty() &&
+  } else if (!settings_.options.secret.empty() &&
              (reducer_nonce_.empty() ||
               !auth_mac_matches(w.auth_proof(),
-                                auth_mac(client_.options.secret, AuthRole::kReducer, worker_nonce_,
-                                         reducer_nonce_, identity())))) {
+                                auth_mac(settings_.options.secret, AuthRole::kReducer,
+                                         worker_nonce_, reducer_nonce_, identity())))) {
     bad = Status(ErrorCode::kUnauthenticated,
                  who +
                      " did not prove it holds the job secret (is it started with the same "
@@ -351,8 +333,8 @@ void ShardLink::on_welcome(const wire::Welcome& w) {
   // Contributions go to the group's S reducers at once: each stream gets
   // its share of this worker's link, and no more than the reducer's share
   // of its own, which W workers send to at once.
-  if (client_.options.link_rate_bits > 0) {
-    uint64_t rate = paced_share(client_.options.link_rate_bits, client_.links.size());
+  if (settings_.options.link_rate_bits > 0) {
+    uint64_t rate = paced_share(settings_.options.link_rate_bits, settings_.shard_count);
     if (w.rate_bytes() > 0) rate = std::min<uint64_t>(rate, w.rate_bytes());
     conn_->pace(rate);
   }
@@ -375,45 +357,15 @@ void ShardLink::settle(const Status& s) {
   }
   // Resuming: a failed attempt's stream closes next, and on_closed decides.
   if (phase_ != Phase::kResuming || !s.is_ok()) return;
-  spdlog::info("job '{}' rank {}: reducer {} (shard {}) is back", client_.options.job,
-               client_.options.rank, address_.to_string(), shard_);
+  spdlog::info("job '{}' rank {}: reducer {} (shard {}) is back", settings_.options.job,
+               settings_.options.rank, address_.to_string(), shard_);
   phase_ = Phase::kLive;
   closed_ = false;
   lost_.reset();
   rejoining_ = false;
-  client_.on_link_resumed(shard_);
+  owner_.on_link_resumed(shard_);
 }
 
-void ShardLink::on_data(const FrameHeader& h, std::span<std::byte>) {
-  auto it = client_.ops.find(h.op);
-  TALLY_CHECK(it != client_.ops.end());  // a posted receive outlives its op's I/O
-  std::shared_ptr<Op> op = it->second;
-  TALLY_CHECK(!op->failed);  // a failed op's receives were cancelled: no on_data comes
-  const ChunkExtent extent = op->plan->chunk(h.chunk);
-  const uint16_t flags = op->wide_result ? kFrameFlagAccumulators : 0;
-  const uint64_t length = op->wide_result ? extent.length * 2 : extent.length;
-  if (h.count != op->count || h.dtype != op->wire || h.offset != extent.offset ||
-      h.flags != flags || h.length != length || op->got[h.chunk]) {
-    client_.fail_op(op,
-                    Status(ErrorCode::kProtocol, "reducer " + address_.to_string() +
-                                                     " sent a result that does not match op " +
-                                                     std::to_string(op->id) + ": " + describe(h)));
-    return;
-  }
-  if (op->wire != op->dtype && !op->wide_result) {
-    // bfloat16 -> float32 into the caller's buffer (make_op's only narrowing wire).
-    kernels().widen_bf16(reinterpret_cast<float*>(op->data + extent.offset * 2),
-                         reinterpret_cast<const uint16_t*>(op->staging.data() + extent.offset),
-                         extent.length / 2);
-  }
-  op->got[h.chunk] = 1;
-  op->results++;
-  client_.counters.received(h.length);
-  op->unanswered[shard_]--;
-  op->unanswered_bytes[shard_] -= extent.length;
-  window_.answered(1, extent.length);
-  client_.pump(*this);
-  client_.maybe_finish(op);
-}
+void ShardLink::on_data(const FrameHeader& h, std::span<std::byte>) { owner_.on_result(*this, h); }
 
 }  // namespace tally

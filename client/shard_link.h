@@ -1,8 +1,10 @@
 // Private to libtally: the stream to one reducer of the client's group
-// (its handshake, the results it delivers into the caller's buffers, its
-// loss). Lives on the client's I/O thread.
+// (its handshake, its send window, its loss and reopening). It talks to
+// the client that owns it through LinkOwner only, as the reducer's sessions
+// talk to their job through JobMember. Lives on the client's I/O thread.
 #pragma once
 
+#include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <chrono>
 #include <cstdint>
@@ -13,9 +15,11 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
-#include "client_impl.h"
+#include "tally/client/client.h"
 #include "tally/protocol/address.h"
+#include "tally/protocol/frame.h"
 #include "tally/protocol/transport.h"
 
 namespace tally {
@@ -23,6 +27,48 @@ namespace tally {
 namespace wire {
 class Welcome;
 }
+namespace client_internal {
+struct Op;
+}
+using client_internal::Op;
+class Fabric;
+class ShardLink;
+
+// What a ShardLink tells the client that owns it, and the one thing it asks
+// of it. Called on the client's I/O thread.
+class LinkOwner {
+ public:
+  virtual ~LinkOwner() = default;
+  // A result arrived whole in the receive posted for it (each contribution
+  // sent posts one).
+  virtual void on_result(ShardLink& link, const FrameHeader& h) = 0;
+  // A result with no receive posted for it: whether it is the answer to a
+  // replay (this worker has its bytes already) or a late one of a failed op,
+  // whose payload is then dropped. False: the reducer sent what was not
+  // asked for, and the stream closes.
+  virtual bool on_unposted_result(ShardLink& link, const FrameHeader& h) = 0;
+  // The reducer's Released mark, and an op's Error.
+  virtual void on_released(uint32_t shard, uint64_t op_below) = 0;
+  virtual void on_op_error(uint64_t op, const Status& status) = 0;
+  // The stream was lost and is being reopened; it is open again; it is
+  // gone for good (`why`).
+  virtual void on_link_lost(uint32_t shard) = 0;
+  virtual void on_link_resumed(uint32_t shard) = 0;
+  virtual void on_link_closed(uint32_t shard, const Status& why) = 0;
+  // The highest Released mark of any of the owner's reducers (a Received
+  // carries it).
+  virtual uint64_t released_below() const = 0;
+};
+
+// What every link of a client says and connects with, fixed for its life.
+struct LinkSettings {
+  const ClientOptions& options;
+  boost::asio::io_context& io;
+  std::shared_ptr<Fabric> fabric;  // null: TCP
+  uint32_t group = 0;
+  std::vector<uint32_t> group_sizes;  // as sent in the Hello
+  uint32_t shard_count = 0;           // the reducers of the group
+};
 
 // What one stream may send: the windows its Welcome gave (chunks and
 // bytes) against what it has sent without an answer, and the chunks
@@ -82,8 +128,9 @@ class SendWindow {
 // The stream to one reducer.
 class ShardLink final : public FrameHandler, public std::enable_shared_from_this<ShardLink> {
  public:
-  ShardLink(Client::Impl& client, uint32_t shard, HostPort address)
-      : client_(client), shard_(shard), address_(std::move(address)) {}
+  // `owner` and `settings` outlive the link.
+  ShardLink(LinkOwner& owner, const LinkSettings& settings, uint32_t shard, HostPort address)
+      : owner_(owner), settings_(settings), shard_(shard), address_(std::move(address)) {}
 
   // Connects, says hello, resolves `welcomed` (I/O thread).
   void connect(std::chrono::steady_clock::time_point deadline);
@@ -120,7 +167,7 @@ class ShardLink final : public FrameHandler, public std::enable_shared_from_this
   // "reducer <address> (shard N)", as errors name it.
   std::string name() const;
 
-  // What this stream may send, and what waits (Client::Impl::pump sends).
+  // What this stream may send, and what waits (its owner sends).
   SendWindow& window() { return window_; }
   // From the Welcome: the largest chunk the reducer takes, and its
   // --link-rate (0: not told).
@@ -129,7 +176,7 @@ class ShardLink final : public FrameHandler, public std::enable_shared_from_this
   // The reducer's Released mark.
   uint64_t released_below = 0;
   // Reopened, and waiting for the reducer's first Released before it sends
-  // anything (Client::Impl::on_link_resumed).
+  // anything (its owner's on_link_resumed sets it).
   bool resyncing = false;
 
  private:
@@ -154,7 +201,8 @@ class ShardLink final : public FrameHandler, public std::enable_shared_from_this
   std::chrono::steady_clock::time_point resume_deadline_;
   std::chrono::milliseconds backoff_{0};
 
-  Client::Impl& client_;
+  LinkOwner& owner_;
+  const LinkSettings& settings_;
   SendWindow window_;
   const uint32_t shard_;
   const HostPort address_;
