@@ -53,6 +53,70 @@ std::string tail_of(const std::string& path, size_t bytes) {
 
 }  // namespace
 
+namespace {
+
+// Where the ranks find each other and the pool: torch's rendezvous
+// (MASTER_ADDR/PORT, on rank 0's host) and the pool's environment.
+struct Rendezvous {
+  std::string master;
+  int port = 0;
+  std::string pool;
+  std::string secret_file;
+  std::string dir;  // where ranks other than 0 write their output
+};
+
+// Starts rank `r` of `o.command` with torchrun's environment and the pool's,
+// in its own host of `lab` if there is one.
+Result<Process> spawn_rank(const LaunchOptions& o, uint32_t r, const Rendezvous& rv, Netlab* lab) {
+  ProcessSpec spec;
+  spec.path = o.command.front();
+  spec.args.assign(o.command.begin() + 1, o.command.end());
+  spec.env = {{"RANK", std::to_string(r)},
+              {"WORLD_SIZE", std::to_string(o.workers)},
+              {"LOCAL_RANK", lab ? "0" : std::to_string(r)},
+              {"LOCAL_WORLD_SIZE", lab ? "1" : std::to_string(o.workers)},
+              {"MASTER_ADDR", rv.master},
+              {"MASTER_PORT", std::to_string(rv.port)},
+              {"TALLY_POOL", rv.pool},
+              {"TALLY_GROUPS", std::to_string(o.groups)},
+              {"TALLY_JOB", "run-" + std::to_string(getpid())},
+              {"TALLY_JOB_SECRET_FILE", rv.secret_file}};
+  // In the lab a rank reaches the others through its host's eth0; gloo
+  // (torch.distributed's CPU backend) would otherwise pick the address its
+  // hostname resolves to, 127.0.0.1, which is the rank's own namespace.
+  if (lab) spec.env["GLOO_SOCKET_IFNAME"] = "eth0";
+  if (!o.link_rate.empty()) spec.env["TALLY_LINK_RATE"] = o.link_rate;
+  if (r > 0) {  // rank 0 writes to ours; the others to files, shown if they fail
+    spec.stdout_path = rv.dir + "/rank-" + std::to_string(r) + ".out";
+    spec.stderr_to_stdout = true;
+  }
+  if (lab) lab->place(r, spec);
+  return Process::spawn(spec);
+}
+
+// Waits for every rank until the run's timeout: 0 when all exited 0, 130
+// when stopped by a signal, else 1 with the first failure (and its output).
+int wait_ranks(std::vector<Process>& ranks, const LaunchOptions& o, const std::string& dir) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(o.timeout_s);
+  const WaitAll w = wait_all(ranks, deadline, &g_stop);
+  if (w.stopped) return 130;
+  if (w.timed_out) {
+    spdlog::error("the ranks did not end within {} s", o.timeout_s);
+    return 1;
+  }
+  if (w.first_failed >= 0) {
+    spdlog::error("rank {} exited with status {}", w.first_failed, w.status);
+    if (w.first_failed > 0) {
+      std::fprintf(stderr, "%s\n",
+                   tail_of(dir + "/rank-" + std::to_string(w.first_failed) + ".out", 6000).c_str());
+    }
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
 int run_launch(const LaunchOptions& o) {
   stop_on_signals();
   auto scratch = ScratchDir::make("tally-run-");
@@ -87,59 +151,22 @@ int run_launch(const LaunchOptions& o) {
     spdlog::error("cannot start the local pool: {}", pool.status().to_string());
     return 1;
   }
-  const std::string master = lab ? lab->address(0) : "127.0.0.1";
-  const int port = lab ? kLabMasterPort : free_loopback_port();
+  const Rendezvous rv{lab ? lab->address(0) : "127.0.0.1",
+                      lab ? kLabMasterPort : free_loopback_port(), (*pool)->pool_string(), secret,
+                      dir};
   std::fprintf(stderr, "# tally-bench run: %u ranks beside a pool of S=%u x G=%u (%s)%s\n",
-               o.workers, o.shards, o.groups, (*pool)->pool_string().c_str(),
+               o.workers, o.shards, o.groups, rv.pool.c_str(),
                lab ? (", in a network lab at " + o.netlab_rate + " per host").c_str() : "");
   std::vector<Process> ranks;
   for (uint32_t r = 0; r < o.workers; ++r) {
-    ProcessSpec spec;
-    spec.path = o.command.front();
-    spec.args.assign(o.command.begin() + 1, o.command.end());
-    spec.env = {{"RANK", std::to_string(r)},
-                {"WORLD_SIZE", std::to_string(o.workers)},
-                {"LOCAL_RANK", lab ? "0" : std::to_string(r)},
-                {"LOCAL_WORLD_SIZE", lab ? "1" : std::to_string(o.workers)},
-                {"MASTER_ADDR", master},
-                {"MASTER_PORT", std::to_string(port)},
-                {"TALLY_POOL", (*pool)->pool_string()},
-                {"TALLY_GROUPS", std::to_string(o.groups)},
-                {"TALLY_JOB", "run-" + std::to_string(getpid())},
-                {"TALLY_JOB_SECRET_FILE", secret}};
-    // In the lab a rank reaches the others through its host's eth0; gloo
-    // (torch.distributed's CPU backend) would otherwise pick the address its
-    // hostname resolves to, 127.0.0.1, which is the rank's own namespace.
-    if (lab) spec.env["GLOO_SOCKET_IFNAME"] = "eth0";
-    if (!o.link_rate.empty()) spec.env["TALLY_LINK_RATE"] = o.link_rate;
-    if (r > 0) {  // rank 0 writes to ours; the others to files, shown if they fail
-      spec.stdout_path = dir + "/rank-" + std::to_string(r) + ".out";
-      spec.stderr_to_stdout = true;
-    }
-    if (lab) lab->place(r, spec);
-    auto p = Process::spawn(spec);
+    auto p = spawn_rank(o, r, rv, lab.get());
     if (!p) {
       spdlog::error("rank {}: {}", r, p.status().to_string());
       return 1;
     }
     ranks.push_back(std::move(*p));
   }
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(o.timeout_s);
-  const WaitAll w = wait_all(ranks, deadline, &g_stop);
-  if (w.stopped) return 130;
-  if (w.timed_out) {
-    spdlog::error("the ranks did not end within {} s", o.timeout_s);
-    return 1;
-  }
-  if (w.first_failed >= 0) {
-    spdlog::error("rank {} exited with status {}", w.first_failed, w.status);
-    if (w.first_failed > 0) {
-      std::fprintf(stderr, "%s\n",
-                   tail_of(dir + "/rank-" + std::to_string(w.first_failed) + ".out", 6000).c_str());
-    }
-    return 1;
-  }
-  return 0;
+  return wait_ranks(ranks, o, dir);
 }
 
 int launch_main(int argc, char** argv) {

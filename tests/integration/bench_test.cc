@@ -274,6 +274,33 @@ TEST(Bench, NetlabRefusesWithoutRoot) {
   EXPECT_FALSE(contains(c.output, "algbw")) << c.output;  // nothing ran
 }
 
+// tally-bench run: the command runs as W ranks with torchrun's environment
+// and the local pool's (the test worker reads RANK and WORLD_SIZE where no
+// TALLY_RANK is set, and the job secret the run wrote), doing checked
+// all-reduces; a rank that fails makes the run fail, naming it and showing
+// its output.
+TEST(Bench, RunStartsTheRanksBesideALocalPool) {
+  TempDir tmp;
+  ASSERT_TRUE(tmp.ok());
+  const BenchRun ok = run_bench(
+      tmp.path(),
+      {"run", "-W", "2", "-r", "2", "--", TALLY_TEST_WORKER_PATH, "--count", "1009", "--ops", "3"},
+      60s);
+  ASSERT_TRUE(ok.status.has_value());
+  EXPECT_EQ(*ok.status, 0) << ok.out << ok.err;
+  EXPECT_TRUE(contains(ok.out, "op 2 ok")) << ok.out;
+  EXPECT_TRUE(contains(ok.err, "2 ranks beside a pool of S=2 x G=1")) << ok.err;
+  const BenchRun failed =
+      run_bench(tmp.path(),
+                {"run", "-W", "2", "-r", "1", "--", "/bin/sh", "-c",
+                 "test \"$RANK\" = 0 || { echo \"rank $RANK of $WORLD_SIZE gives up\"; exit 3; }"},
+                60s);
+  ASSERT_TRUE(failed.status.has_value());
+  EXPECT_EQ(*failed.status, 1) << failed.out << failed.err;
+  EXPECT_TRUE(contains(failed.err, "rank 1 exited with status 3")) << failed.err;
+  EXPECT_TRUE(contains(failed.err, "rank 1 of 2 gives up")) << failed.err;
+}
+
 }  // namespace
 }  // namespace tally::testing
 
