@@ -74,12 +74,12 @@ void add_pool_flags(CLI::App& app, DriverOptions& o) {
   app.add_option("--timeout-s", o.timeout_s, "the whole run's deadline")->capture_default_str();
 }
 
-// What travels and how: pieces, the wire's dtype, congestion control,
+// What travels and how: chunks, the wire's dtype, congestion control,
 // pacing, the transports.
 void add_wire_flags(CLI::App& app, DriverOptions& o) {
   app.add_option(
          "--chunk-bytes", o.chunk_bytes,
-         "piece size, overriding the automatic chunk plan (TALLY_CHUNK_BYTES); 0: automatic")
+         "chunk size, overriding the automatic chunk plan (TALLY_CHUNK_BYTES); 0: automatic")
       ->transform(CLI::AsSizeValue(false))
       ->capture_default_str();
   app.add_option("--wire-dtype", o.wire_dtype,

@@ -373,9 +373,9 @@ Result<std::unique_ptr<Client>> Client::connect(const ClientOptions& options) {
         std::min(im.plan_settings.max_chunk_bytes, link->max_chunk_bytes);
     slowest_link = std::min(slowest_link, link->link_rate_bits);
   }
-  im.plan_settings.min_piece_bytes = min_piece_bytes_for_link(slowest_link, shards);
-  im.plan_settings.max_piece_bytes =
-      max_piece_bytes_for_link(slowest_link, std::max(shards, options.world_size));
+  im.plan_settings.chunk_floor_bytes = chunk_floor_for_link(slowest_link, shards);
+  im.plan_settings.chunk_ceiling_bytes =
+      chunk_ceiling_for_link(slowest_link, std::max(shards, options.world_size));
   return client;
 }
 
@@ -453,12 +453,12 @@ Result<std::shared_ptr<Op>> Client::Impl::make_op(void* data, size_t count, DTyp
   const size_t wsize = dtype_size(wire);
   op->plan.emplace(count * wsize, wire, static_cast<uint32_t>(links.size()), plan_settings);
   if (options.chunk_bytes > 0 &&
-      options.chunk_bytes / wsize > max_piece_elements(plan_settings.max_chunk_bytes, wire)) {
+      options.chunk_bytes / wsize > max_chunk_elements(plan_settings.max_chunk_bytes, wire)) {
     return Status(ErrorCode::kInvalidArgument,
                   "chunk size " + std::to_string(options.chunk_bytes) +
                       " (TALLY_CHUNK_BYTES) holds " + std::to_string(options.chunk_bytes / wsize) +
                       " " + std::string(dtype_name(wire)) + " elements; the reducers sum at most " +
-                      std::to_string(max_piece_elements(plan_settings.max_chunk_bytes, wire)) +
+                      std::to_string(max_chunk_elements(plan_settings.max_chunk_bytes, wire)) +
                       " per chunk (16-bit types accumulate in float32): lower TALLY_CHUNK_BYTES");
   }
   if (op->plan->chunk_count() > std::numeric_limits<uint32_t>::max()) {

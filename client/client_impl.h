@@ -60,10 +60,10 @@ struct Op {
   uint64_t count = 0;
   DType dtype = DType::kFloat32;  // the caller's buffer
   // What the frames carry. Another than `dtype` (the bfloat16 wire of float32
-  // tensors): the plan's offsets and lengths count wire bytes, each piece is
+  // tensors): the plan's offsets and lengths count wire bytes, each chunk is
   // narrowed into `staging` before it is sent, and its result is received
   // there and widened into `data` (a result never arrives before the
-  // reducer has this rank's whole piece, so they share the bytes).
+  // reducer has this rank's whole chunk, so they share the bytes).
   DType wire = DType::kFloat32;
   std::vector<std::byte> staging;  // from Client::Impl::spare_staging; I/O thread only
   // With a narrowing wire and TALLY_WIRE_RESULT=float32: results come back
@@ -132,7 +132,7 @@ struct Client::Impl final : LinkOwner {
   uint32_t group = 0;
   std::vector<uint32_t> group_sizes;  // as sent in Hello
   // Every op's chunk plan; max_chunk_bytes is the smallest the Welcomes
-  // gave, min_piece_bytes follows the slowest reducer link they gave (set
+  // gave, chunk_floor_bytes follows the slowest reducer link they gave (set
   // before connect() returns, read-only afterwards).
   PlanSettings plan_settings;
   // Staging buffers of finished bfloat16-wire ops, reused by the next ones

@@ -247,7 +247,7 @@ void ShardLink::on_connected(Result<asio::ip::tcp::socket> r) {
     return settle(r.status().with_context("shard " + std::to_string(shard_)));
   }
   ConnectionOptions copts;
-  // Results go into posted receives of the plan's pieces; the stream opens
+  // Results go into posted receives of the plan's chunks; the stream opens
   // before the Welcome says the reducer's limit, so this is the protocol's.
   copts.max_data_bytes = kMaxChunkBytesLimit;
   copts.heartbeat_interval = settings_.options.heartbeat_interval;

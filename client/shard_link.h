@@ -91,7 +91,7 @@ class SendWindow {
   // A chunk may go out and one waits.
   bool ready() const { return inflight_ < chunks_ && !queue_.empty(); }
   // Whether `bytes` more fit in the byte window: one chunk may always be
-  // in flight, so a piece larger than the window still moves.
+  // in flight, so a chunk larger than the window still moves.
   bool fits(uint64_t bytes) const { return inflight_ == 0 || inflight_bytes_ + bytes <= bytes_; }
   void sent(uint64_t bytes) {
     inflight_++;

@@ -237,7 +237,7 @@ std::optional<Status> unsummable(const FrameHeader& h, size_t max_chunk_bytes) {
                                                  ", which this reducer cannot sum yet");
   }
   const uint64_t elements = h.length / dtype_size(h.dtype);
-  if (const uint64_t most = max_piece_elements(max_chunk_bytes, h.dtype);
+  if (const uint64_t most = max_chunk_elements(max_chunk_bytes, h.dtype);
       max_chunk_bytes > 0 && elements > most) {
     return Status(ErrorCode::kInvalidArgument,
                   "rank " + std::to_string(h.rank) + " sent a chunk of " +

@@ -168,8 +168,8 @@ Status FabricConnection::attach_data_path(const wire::DataPath& peer) {
   }
   peer_addr_ = *addr;
   peer_stream_ = peer.stream_id();
-  // Both sides cut payloads into the same pieces.
-  piece_bytes_ = std::min<uint64_t>(endpoint_->max_msg_size(), peer.max_message_bytes());
+  // Both sides cut payloads into the same fragments.
+  fragment_bytes_ = std::min<uint64_t>(endpoint_->max_msg_size(), peer.max_message_bytes());
   mode_ = Mode::kFabric;
   for (uint64_t s = 0; s < kHeaderSlots; ++s) post_header(s);
   arm_watchdog();
@@ -276,26 +276,26 @@ void FabricConnection::send_fabric(const FrameHeader& header, std::span<const st
   }
 
   const ReceiveKey key{header.kind, header.op, header.chunk};
-  const size_t piece_bytes = piece_bytes_;
-  const uint64_t pieces = piece_count(payload.size(), piece_bytes);
-  if (pieces > kMaxPieces) {
+  const size_t fragment_bytes = fragment_bytes_;
+  const uint64_t fragments = fragment_count(payload.size(), fragment_bytes);
+  if (fragments > kMaxFragments) {
     done(Status(ErrorCode::kInvalidArgument, "payload too large for this provider's max_msg_size"));
     return close(Status(ErrorCode::kInvalidArgument,
                         std::to_string(payload.size()) + "-byte payload needs more than " +
-                            std::to_string(kMaxPieces) + " messages of max_msg_size " +
-                            std::to_string(piece_bytes)));
+                            std::to_string(kMaxFragments) + " messages of max_msg_size " +
+                            std::to_string(fragment_bytes)));
   }
   auto state = std::make_shared<SendState>();
-  state->left = static_cast<uint32_t>(pieces);
+  state->left = static_cast<uint32_t>(fragments);
   state->done = std::move(done);
   auto desc = desc_for(payload.data(), payload.size(), state->mrs);
   if (!desc) {
     state->done(desc.status());
     return close(desc.status().with_context("registering a send buffer"));
   }
-  for (uint64_t i = 0; i < pieces; ++i) {
-    const size_t off = i * piece_bytes;
-    const size_t len = std::min(piece_bytes, payload.size() - off);
+  for (uint64_t i = 0; i < fragments; ++i) {
+    const size_t off = i * fragment_bytes;
+    const size_t len = std::min(fragment_bytes, payload.size() - off);
     const uint64_t tag = payload_tag(peer_stream_, key, static_cast<uint32_t>(i));
     Op* op = endpoint_->new_op(nullptr);
     op->done = [self = shared_from_this(), state, op](const Status& s, size_t) {

@@ -92,12 +92,12 @@ class FabricConnection final : public Connection,
     std::vector<std::byte> landing;
     std::optional<FrameHeader> header;
     std::vector<Op*> ops;
-    uint32_t pieces_left = 0;
+    uint32_t fragments_left = 0;
     bool expected = false;  // posted by post_receive()
     bool posted = false;
     bool cancelled = false;
     bool discard = false;
-    bool any_cancelled = false;                        // some piece completed with FI_ECANCELED
+    bool any_cancelled = false;                        // some fragment completed with FI_ECANCELED
     std::chrono::steady_clock::time_point owed_since;  // when its header was taken
     std::vector<MrCache::Entry*> mrs;
   };
@@ -161,9 +161,10 @@ class FabricConnection final : public Connection,
 
   void post_payload(const ReceiveKey& key, Rx& rx);
 
-  void on_payload_piece(const ReceiveKey& key, Op* op, const Status& s, size_t n, size_t expected);
+  void on_payload_fragment(const ReceiveKey& key, Op* op, const Status& s, size_t n,
+                           size_t expected);
 
-  // A cancelled receive's pieces are done: make sure the payload is
+  // A cancelled receive's fragments are done: make sure the payload is
   // consumed once and only once.
   void settle_cancelled(const ReceiveKey& key);
 
@@ -185,7 +186,7 @@ class FabricConnection final : public Connection,
   FrameLimits limits_;
   asio::steady_timer grace_;
   asio::steady_timer watchdog_;
-  std::chrono::steady_clock::time_point last_payload_;  // last payload piece completed
+  std::chrono::steady_clock::time_point last_payload_;  // last payload fragment completed
   std::shared_ptr<FrameHandler> handler_;
   std::shared_ptr<Endpoint> endpoint_;
   Mode mode_ = Mode::kUndecided;
@@ -201,7 +202,7 @@ class FabricConnection final : public Connection,
   uint32_t stream_ = 0;       // ours: the peer tags what it sends us with it
   uint32_t peer_stream_ = 0;  // theirs
   fi_addr_t peer_addr_ = FI_ADDR_UNSPEC;
-  size_t piece_bytes_ = 0;  // payloads are cut into messages of this size
+  size_t fragment_bytes_ = 0;  // payloads are cut into messages of this size
 
   uint64_t seq_out_ = 0;
   uint64_t seq_in_ = 0;

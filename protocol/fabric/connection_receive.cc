@@ -44,14 +44,14 @@ void FabricConnection::cancel_receive(const ReceiveKey& key) {
   auto it = rx_.find(key);
   if (it == rx_.end()) return;
   Rx& rx = it->second;
-  // The owner's buffer is written only in deliver(): from here on, pieces
+  // The owner's buffer is written only in deliver(): from here on, fragments
   // still arriving land in the Rx's landing only.
   if (rx.cancelled) return;
   if (!rx.posted) {
     rx_.erase(it);
     return;
   }
-  if (rx.pieces_left == 0) {  // payload here, header not yet
+  if (rx.fragments_left == 0) {  // payload here, header not yet
     if (!rx.header) consumed_.insert(key);
     release(rx);
     rx_.erase(it);
@@ -132,7 +132,7 @@ bool FabricConnection::take_header(const FrameHeader& h) {
     rx.owed_since = std::chrono::steady_clock::now();
     if (rx.cancelled) return true;  // settled when the cancel completes
     if (!rx.posted) post_payload(key, rx);
-    if (rx.posted && rx.pieces_left == 0) deliver(key);
+    if (rx.posted && rx.fragments_left == 0) deliver(key);
     return !closed_;
   }
   PayloadAction action = handler_->on_data_header(h);
@@ -147,7 +147,7 @@ bool FabricConnection::take_header(const FrameHeader& h) {
       rx.owed_since = std::chrono::steady_clock::now();
       await(key);
       post_payload(key, rx);
-      if (rx.posted && rx.pieces_left == 0) deliver(key);
+      if (rx.posted && rx.fragments_left == 0) deliver(key);
       return !closed_;
     }
     case PayloadAction::Kind::kDiscard:
@@ -178,7 +178,7 @@ void FabricConnection::arm_watchdog() {
 void FabricConnection::check_payloads() {
   const auto now = std::chrono::steady_clock::now();
   for (auto& [key, rx] : rx_) {
-    if (!rx.header || rx.cancelled || rx.pieces_left == 0) continue;
+    if (!rx.header || rx.cancelled || rx.fragments_left == 0) continue;
     const auto since = std::max(rx.owed_since, last_payload_);
     if (now - since > options_.peer_timeout) {
       const auto ms =
@@ -211,9 +211,9 @@ void FabricConnection::discard_payload(const ReceiveKey& key, const FrameHeader&
 void FabricConnection::post_payload(const ReceiveKey& key, Rx& rx) {
   rx.posted = true;
   if (rx.dst.empty()) return;  // nothing to receive; delivered with its header
-  const size_t piece_bytes = piece_bytes_;
-  const uint64_t pieces = piece_count(rx.dst.size(), piece_bytes);
-  if (pieces > kMaxPieces) {
+  const size_t fragment_bytes = fragment_bytes_;
+  const uint64_t fragments = fragment_count(rx.dst.size(), fragment_bytes);
+  if (fragments > kMaxFragments) {
     return close(
         Status(ErrorCode::kInvalidArgument, "receive of " + std::to_string(rx.dst.size()) +
                                                 " bytes exceeds the provider's message limits"));
@@ -238,17 +238,17 @@ void FabricConnection::post_payload(const ReceiveKey& key, Rx& rx) {
   auto desc = desc_for(into.data(), into.size(), rx.mrs);
   if (!desc) return close(desc.status().with_context("registering a receive buffer"));
   if (rx.expected) posted_payloads_++;
-  rx.pieces_left = static_cast<uint32_t>(pieces);
+  rx.fragments_left = static_cast<uint32_t>(fragments);
   fid_ep* ep = endpoint_->ep();
   const fi_addr_t from = peer_addr_;
-  for (uint64_t i = 0; i < pieces; ++i) {
-    const size_t off = i * piece_bytes;
-    const size_t len = std::min(piece_bytes, rx.dst.size() - off);
+  for (uint64_t i = 0; i < fragments; ++i) {
+    const size_t off = i * fragment_bytes;
+    const size_t len = std::min(fragment_bytes, rx.dst.size() - off);
     const uint64_t tag = payload_tag(stream_, key, static_cast<uint32_t>(i));
     Op* op = endpoint_->new_op(nullptr);
     op->done = [self = shared_from_this(), op, key, len](const Status& s, size_t n) {
       self->op_finished(op);
-      self->on_payload_piece(key, op, s, n, len);
+      self->on_payload_fragment(key, op, s, n, len);
     };
     rx.ops.push_back(op);
     std::byte* buf = into.data() + off;
@@ -259,8 +259,8 @@ void FabricConnection::post_payload(const ReceiveKey& key, Rx& rx) {
   }
 }
 
-void FabricConnection::on_payload_piece(const ReceiveKey& key, Op* op, const Status& s, size_t n,
-                                        size_t expected) {
+void FabricConnection::on_payload_fragment(const ReceiveKey& key, Op* op, const Status& s, size_t n,
+                                           size_t expected) {
   auto it = rx_.find(key);
   if (it == rx_.end()) return;  // closed meanwhile
   Rx& rx = it->second;
@@ -271,12 +271,12 @@ void FabricConnection::on_payload_piece(const ReceiveKey& key, Op* op, const Sta
     return close(s.with_context("receiving a payload from " + peer()));
   }
   if (s.is_ok() && n != expected && !closed_) {
-    return close(Status(ErrorCode::kProtocol, "payload piece of " + std::to_string(n) +
+    return close(Status(ErrorCode::kProtocol, "payload fragment of " + std::to_string(n) +
                                                   " bytes from " + peer() + " where " +
                                                   std::to_string(expected) + " were expected"));
   }
   if (cancelled_now) rx.any_cancelled = true;
-  if (--rx.pieces_left > 0) return;
+  if (--rx.fragments_left > 0) return;
   if (rx.cancelled) return settle_cancelled(key);
   if (rx.header) deliver(key);
 }
@@ -324,7 +324,7 @@ void FabricConnection::refill() {
     auto it = rx_.find(key);
     if (it == rx_.end() || it->second.posted) continue;
     post_payload(key, it->second);
-    if (it->second.header && it->second.pieces_left == 0) deliver(key);
+    if (it->second.header && it->second.fragments_left == 0) deliver(key);
   }
 }
 

@@ -12,7 +12,7 @@
 //               receives are posted for seq, seq+1, ... seq+kHeaderSlots-1
 //               and taken strictly in seq order, so frames keep the order
 //               they were sent in whatever the provider's message ordering.
-//   piece       a payload longer than the provider's max_msg_size goes as
+//   fragment    a payload longer than the provider's max_msg_size goes as
 //               several messages, numbered in the tag.
 //
 // Tag layout (62 bits used; the top two stay zero for providers with
@@ -20,7 +20,7 @@
 //   bits 60-61 type (1 header, 2 payload) | 44-59 stream id |
 //   header:  0-43 seq
 //   payload: 41-43 frame kind | 26-40 op (low 15 bits) | 6-25 chunk (low 20
-//            bits) | 0-5 piece
+//            bits) | 0-5 fragment
 // Op and chunk wrap, but a stream never has two receives posted whose ops
 // are 32768 apart or whose chunks are 2^20 apart in one op.
 #pragma once
@@ -55,23 +55,23 @@ constexpr uint64_t kTagPayload = 2ull << 60;
 constexpr int kStreamShift = 44;
 constexpr uint64_t kSeqMask = (1ull << 44) - 1;
 constexpr int kTagBitsUsed = 62;
-// At most this many pieces per payload (6 tag bits).
-constexpr uint64_t kMaxPieces = 64;
+// At most this many fragments per payload (6 tag bits).
+constexpr uint64_t kMaxFragments = 64;
 
 inline uint64_t header_tag(uint32_t stream, uint64_t seq) {
   return kTagHeader | (uint64_t{stream} << kStreamShift) | (seq & kSeqMask);
 }
 
-inline uint64_t payload_tag(uint32_t stream, const ReceiveKey& key, uint32_t piece) {
+inline uint64_t payload_tag(uint32_t stream, const ReceiveKey& key, uint32_t fragment) {
   return kTagPayload | (uint64_t{stream} << kStreamShift) |
          ((static_cast<uint64_t>(key.kind) & 0x7) << 41) | ((key.op & 0x7FFF) << 26) |
-         ((uint64_t{key.chunk} & 0xFFFFF) << 6) | (piece & 0x3F);
+         ((uint64_t{key.chunk} & 0xFFFFF) << 6) | (fragment & 0x3F);
 }
 
 // Messages a payload of `nbytes` takes (max_msg_size may be near SIZE_MAX:
 // no rounding-up addition that could wrap).
-inline uint64_t piece_count(size_t nbytes, size_t piece_bytes) {
-  return nbytes == 0 ? 0 : 1 + (nbytes - 1) / piece_bytes;
+inline uint64_t fragment_count(size_t nbytes, size_t fragment_bytes) {
+  return nbytes == 0 ? 0 : 1 + (nbytes - 1) / fragment_bytes;
 }
 
 // One operation handed to libfabric; &ctx is its op_context. Owned by the

@@ -30,9 +30,9 @@ namespace asio = boost::asio;
 using asio::ip::tcp;
 using Clock = std::chrono::steady_clock;
 
-// Payloads are read in pieces of at most this size so that a slow but live
+// Payloads are read in fragments of at most this size so that a slow but live
 // peer keeps refreshing the liveness clock during a large chunk.
-constexpr size_t kReadPieceBytes = 1u << 20;
+constexpr size_t kReadFragmentBytes = 1u << 20;
 // Discarded payloads are drained through a scratch buffer of this size.
 constexpr size_t kScratchBytes = 64u << 10;
 // How long a stream whose write failed keeps reading what the peer sent
@@ -379,9 +379,10 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
   void read_payload(size_t done) {
     const size_t total = header_.length;
     if (done == total) return on_payload_complete();
-    const size_t piece = std::min(total - done, discarding_ ? kScratchBytes : kReadPieceBytes);
-    asio::mutable_buffer buf = discarding_ ? asio::buffer(scratch_.data(), piece)
-                                           : asio::buffer(dst_.data() + done, piece);
+    const size_t fragment =
+        std::min(total - done, discarding_ ? kScratchBytes : kReadFragmentBytes);
+    asio::mutable_buffer buf = discarding_ ? asio::buffer(scratch_.data(), fragment)
+                                           : asio::buffer(dst_.data() + done, fragment);
     // read_some, not asio::async_read: that reads at most 64 KiB per call.
     socket_.async_read_some(
         buf, [self = shared_from_this(), done](const boost::system::error_code& ec, size_t n) {

@@ -207,7 +207,7 @@ int main(int argc, char** argv) {
   const fs::path fr = root / "frame";
   for (auto& [name, m] : every_message()) write(fr, "control_" + name, control(m));
   write(fr, "contribution_f32", contribution("job", 0, 0, 1, DType::kFloat32, 16, 0, 16));
-  write(fr, "contribution_f16_piece",
+  write(fr, "contribution_f16_chunk",
         contribution("job", 5, 1, 3, DType::kFloat16, 100, 40, 30, RedOp::kAverage));
   FrameHeader h =
       data_header(FrameKind::kResult, "job", kReducerRank, 0, 0, 1, DType::kInt64, 8, 0, 8);

@@ -157,9 +157,9 @@ std::vector<Case> types_and_ops() {
     big.chunk_bytes = chunk;
     cases.push_back(big);
   }
-  // The automatic plan (pieces of ~83 KiB over 3 shards), with the default
+  // The automatic plan (chunks of ~83 KiB over 3 shards), with the default
   // byte window and with one of a single byte: then each stream has one
-  // piece out at a time, which must still finish.
+  // chunk out at a time, which must still finish.
   for (uint64_t window : {uint64_t{0}, uint64_t{1}}) {
     Case autoplan = large;
     autoplan.chunk_bytes = 0;
@@ -169,7 +169,7 @@ std::vector<Case> types_and_ops() {
   }
   // float32 on the bfloat16 wire: each element within bfloat16's bound of
   // the float64 sum of its bfloat16-rounded inputs (test_worker.cc); fixed
-  // pieces, the automatic plan (sized on 2-byte elements), and a float64 op
+  // chunks, the automatic plan (sized on 2-byte elements), and a float64 op
   // on the same setting (it travels as float64, exact).
   for (std::string redop : {"sum", "avg"}) {
     Case wire;
@@ -478,13 +478,13 @@ TEST(Pacing, StreamsArePacedToTheirShareOfTheLinkRate) {
 }
 
 // The Welcome carries each reducer's link rate, and the workers cut by the
-// slowest: on a pool at 500 Mbit/s a 1 MiB op over 2 shards gets pieces of
+// slowest: on a pool at 500 Mbit/s a 1 MiB op over 2 shards gets chunks of
 // about a millisecond of a stream's share (29.7 kB, so the 32 KiB paced
 // floor), where an unpaced pool keeps the 64 KiB floor; and a 16 MiB op
-// pieces of about 3 ms of it (84 KiB, max(S, W) = 2 streams sharing a
+// chunks of about 3 ms of it (84 KiB, max(S, W) = 2 streams sharing a
 // link), where an unpaced pool keeps the 256 KiB ceiling. The sums stay
 // exact either way.
-TEST(Pacing, WorkersCutPiecesByTheSlowestReducerLink) {
+TEST(Pacing, WorkersCutChunksByTheSlowestReducerLink) {
   if (auto paced = paced_congestion_control(""); !paced) {
     GTEST_SKIP() << "no congestion control to pace with here: " << paced.status().to_string();
   }
@@ -501,9 +501,10 @@ TEST(Pacing, WorkersCutPiecesByTheSlowestReducerLink) {
                                [](ClientOptions& o, uint32_t) { o.chunk_bytes = 0; });
     ASSERT_EQ(clients.size(), kWorld);
     const ChunkPlan plan = clients[0]->plan(256 * 1024, DType::kFloat32, 0);
-    EXPECT_EQ(plan.piece_bytes(), rate == "off" ? kPlanMinPieceBytes : kPlanPacedMinPieceBytes);
+    EXPECT_EQ(plan.full_chunk_bytes(),
+              rate == "off" ? kPlanChunkFloorBytes : kPlanPacedChunkFloorBytes);
     const ChunkPlan large = clients[0]->plan(4 << 20, DType::kFloat32, 1);
-    EXPECT_EQ(large.piece_bytes(), rate == "off" ? kPlanMaxPieceBytes : 84 * 1024);
+    EXPECT_EQ(large.full_chunk_bytes(), rate == "off" ? kPlanChunkCeilingBytes : 84 * 1024);
     on_every_rank(kWorld, [&](uint32_t r) {
       std::vector<float> data(256 * 1024);
       bench::fill_pattern(data.data(), data.size(), r, 2);  // op 2: after the two plans' ops

@@ -175,7 +175,7 @@ TEST(Resume, LargeOpsHeldUntilReleasedSurviveKillsWithoutCopies) {
   TestCluster cluster(large_ops_pool(2));
   ASSERT_TRUE(cluster.ok()) << cluster.error();
   auto clients = connect_all(cluster, unique_job("resume-held"), 3, [](ClientOptions& o, uint32_t) {
-    o.chunk_bytes = 0;  // the automatic plan: 64 KiB to 256 KiB pieces
+    o.chunk_bytes = 0;  // the automatic plan: 64 KiB to 256 KiB chunks
     o.resume_bytes = 1;
   });
   ASSERT_EQ(clients.size(), 3u);

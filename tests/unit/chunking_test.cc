@@ -1,7 +1,7 @@
 // ChunkPlan: an op spreads over one shard per kPlanMinShardBytes (all of
 // them from S times that, or with TALLY_CHUNK_BYTES), in contiguous,
 // element-aligned, near-equal ranges, a small op's first range on shard
-// op % S; each range is cut into pieces sized by the tensor (automatic) or by
+// op % S; each range is cut into chunks sized by the tensor (automatic) or by
 // TALLY_CHUNK_BYTES (override); chunks tile the tensor in index order, range
 // after range.
 #include "tally/protocol/chunking.h"
@@ -86,12 +86,12 @@ void check_tiles(const PlanCase& c) {
 
   EXPECT_EQ(plan.nbytes(), c.nbytes);
   EXPECT_EQ(plan.shards(), c.shards);
-  ASSERT_GE(plan.piece_bytes(), e);
-  ASSERT_EQ(plan.piece_bytes() % e, 0u);
+  ASSERT_GE(plan.full_chunk_bytes(), e);
+  ASSERT_EQ(plan.full_chunk_bytes() % e, 0u);
   if (c.chunk_bytes > 0) {
-    EXPECT_EQ(plan.piece_bytes(), std::max(e, c.chunk_bytes / e * e)) << "override not exact";
+    EXPECT_EQ(plan.full_chunk_bytes(), std::max(e, c.chunk_bytes / e * e)) << "override not exact";
   } else if (elements >= c.shards) {
-    EXPECT_LE(plan.piece_bytes(), kPlanMaxPieceBytes);
+    EXPECT_LE(plan.full_chunk_bytes(), kPlanChunkCeilingBytes);
   }
 
   // Ranges: contiguous, range j on shard (first + j) % S, near-equal (within
@@ -129,15 +129,15 @@ void check_tiles(const PlanCase& c) {
     ASSERT_LT(x.shard, c.shards);
     ASSERT_EQ(x.offset, next) << "gap or overlap before chunk " << k;
     ASSERT_GT(x.length, 0u) << "chunk " << k;
-    ASSERT_LE(x.length, plan.piece_bytes()) << "chunk " << k;
+    ASSERT_LE(x.length, plan.full_chunk_bytes()) << "chunk " << k;
     ASSERT_EQ(x.offset % e, 0u) << "chunk " << k;
     ASSERT_EQ(x.length % e, 0u) << "chunk " << k;
-    // Inside its shard's range; only a range's last piece may be short.
+    // Inside its shard's range; only a range's last chunk may be short.
     const uint64_t start = plan.shard_offset(x.shard), end = start + plan.shard_bytes(x.shard);
     ASSERT_GE(x.offset, start) << "chunk " << k;
     ASSERT_LE(x.offset + x.length, end) << "chunk " << k;
     if (x.offset + x.length < end) {
-      ASSERT_EQ(x.length, plan.piece_bytes()) << "chunk " << k;
+      ASSERT_EQ(x.length, plan.full_chunk_bytes()) << "chunk " << k;
     }
     next = x.offset + x.length;
     ++per_shard[x.shard];
@@ -185,97 +185,97 @@ TEST(ChunkPlan, EmptyTensorHasNoChunks) {
   }
 }
 
-TEST(ChunkPlan, OneMiBSpreadsOverEveryShardInFloorSizedPieces) {
+TEST(ChunkPlan, OneMiBSpreadsOverEveryShardInFloorSizedChunks) {
   // The case issue 9 is about: 1 MiB used to land whole on one reducer.
   const ChunkPlan plan(MiB, DType::kFloat32, 4);
   for (uint32_t s = 0; s < 4; ++s) EXPECT_EQ(plan.shard_bytes(s), 256 * KiB);
-  // 256 KiB / 16 pieces = 16 KiB, under the floor: 64 KiB pieces, 4 a shard.
-  EXPECT_EQ(plan.piece_bytes(), kPlanMinPieceBytes);
+  // 256 KiB / 16 chunks = 16 KiB, under the floor: 64 KiB chunks, 4 a shard.
+  EXPECT_EQ(plan.full_chunk_bytes(), kPlanChunkFloorBytes);
   EXPECT_EQ(plan.chunks_on_shard(0), 4u);
   EXPECT_EQ(plan.chunk_count(), 16u);
 }
 
 // On slow paced links the floor is about 1 ms of a stream's share of the
 // link (architecture.md, "The chunk plan"): a 1 MiB op at 1 Gbit/s over 4
-// shards (29.7 MB/s a stream) is cut in 32 KiB pieces, 8 a shard.
-TEST(ChunkPlan, SlowPacedLinksLowerThePieceFloor) {
-  EXPECT_EQ(min_piece_bytes_for_link(0, 4), kPlanMinPieceBytes);  // no rate: unpaced
-  EXPECT_EQ(min_piece_bytes_for_link(1000000000, 4), kPlanPacedMinPieceBytes);
-  EXPECT_EQ(min_piece_bytes_for_link(1500000000, 4), 44531u);  // 178.1 MB/s / 4 for 1 ms
-  EXPECT_EQ(min_piece_bytes_for_link(10000000000, 4), kPlanMinPieceBytes);
-  EXPECT_EQ(min_piece_bytes_for_link(1000000000, 0), kPlanMinPieceBytes);  // no shards: 1
+// shards (29.7 MB/s a stream) is cut in 32 KiB chunks, 8 a shard.
+TEST(ChunkPlan, SlowPacedLinksLowerTheChunkFloor) {
+  EXPECT_EQ(chunk_floor_for_link(0, 4), kPlanChunkFloorBytes);  // no rate: unpaced
+  EXPECT_EQ(chunk_floor_for_link(1000000000, 4), kPlanPacedChunkFloorBytes);
+  EXPECT_EQ(chunk_floor_for_link(1500000000, 4), 44531u);  // 178.1 MB/s / 4 for 1 ms
+  EXPECT_EQ(chunk_floor_for_link(10000000000, 4), kPlanChunkFloorBytes);
+  EXPECT_EQ(chunk_floor_for_link(1000000000, 0), kPlanChunkFloorBytes);  // no shards: 1
   const ChunkPlan plan(MiB, DType::kFloat32, 4,
-                       {.min_piece_bytes = min_piece_bytes_for_link(1000000000, 4)});
-  EXPECT_EQ(plan.piece_bytes(), 32 * KiB);
+                       {.chunk_floor_bytes = chunk_floor_for_link(1000000000, 4)});
+  EXPECT_EQ(plan.full_chunk_bytes(), 32 * KiB);
   EXPECT_EQ(plan.chunks_on_shard(0), 8u);
   // From 4 MiB (1 MiB a shard, 64 KiB / 16) the floor no longer binds.
   const ChunkPlan large(4 * MiB, DType::kFloat32, 4,
-                        {.min_piece_bytes = min_piece_bytes_for_link(1000000000, 4)});
-  EXPECT_EQ(large.piece_bytes(), ChunkPlan(4 * MiB, DType::kFloat32, 4).piece_bytes());
+                        {.chunk_floor_bytes = chunk_floor_for_link(1000000000, 4)});
+  EXPECT_EQ(large.full_chunk_bytes(), ChunkPlan(4 * MiB, DType::kFloat32, 4).full_chunk_bytes());
 }
 
 // On slow paced links the ceiling is about 3 ms of a stream's share of the
 // link, max(S, W) streams sharing it (architecture.md, "The chunk plan").
-TEST(ChunkPlan, SlowPacedLinksLowerThePieceCeiling) {
-  EXPECT_EQ(max_piece_bytes_for_link(0, 8), kPlanMaxPieceBytes);  // no rate: unpaced
+TEST(ChunkPlan, SlowPacedLinksLowerTheChunkCeiling) {
+  EXPECT_EQ(chunk_ceiling_for_link(0, 8), kPlanChunkCeilingBytes);  // no rate: unpaced
   // 29.7 MB/s a stream: 89,061 bytes in 3 ms, 84 KiB in whole pages.
-  EXPECT_EQ(max_piece_bytes_for_link(1000000000, 4), 84 * KiB);
+  EXPECT_EQ(chunk_ceiling_for_link(1000000000, 4), 84 * KiB);
   // 14.8 MB/s: 44,529 bytes, 40 KiB.
-  EXPECT_EQ(max_piece_bytes_for_link(1000000000, 8), 40 * KiB);
-  EXPECT_EQ(max_piece_bytes_for_link(1000000000, 64), kPlanPacedMinPieceBytes);
-  EXPECT_EQ(max_piece_bytes_for_link(10000000000, 4), kPlanMaxPieceBytes);
-  EXPECT_EQ(max_piece_bytes_for_link(1000000000, 0), kPlanMaxPieceBytes);  // no streams: 1
-  // 16 MiB at W = 8, S = 8 on 1 Gbit/s links: 2 MiB a shard, in 52 pieces
+  EXPECT_EQ(chunk_ceiling_for_link(1000000000, 8), 40 * KiB);
+  EXPECT_EQ(chunk_ceiling_for_link(1000000000, 64), kPlanPacedChunkFloorBytes);
+  EXPECT_EQ(chunk_ceiling_for_link(10000000000, 4), kPlanChunkCeilingBytes);
+  EXPECT_EQ(chunk_ceiling_for_link(1000000000, 0), kPlanChunkCeilingBytes);  // no streams: 1
+  // 16 MiB at W = 8, S = 8 on 1 Gbit/s links: 2 MiB a shard, in 52 chunks
   // of 40 KiB (the last one shorter) instead of 16 of 128 KiB.
-  const PlanSettings paced{.min_piece_bytes = min_piece_bytes_for_link(1000000000, 8),
-                           .max_piece_bytes = max_piece_bytes_for_link(1000000000, 8)};
+  const PlanSettings paced{.chunk_floor_bytes = chunk_floor_for_link(1000000000, 8),
+                           .chunk_ceiling_bytes = chunk_ceiling_for_link(1000000000, 8)};
   const ChunkPlan plan(16 * MiB, DType::kFloat32, 8, paced);
-  EXPECT_EQ(plan.piece_bytes(), 40 * KiB);
+  EXPECT_EQ(plan.full_chunk_bytes(), 40 * KiB);
   EXPECT_EQ(plan.chunks_on_shard(0), 52u);
-  // A 1 MiB op (128 KiB a shard, 8 KiB / 16) takes the floor: 4 pieces a shard.
-  EXPECT_EQ(ChunkPlan(MiB, DType::kFloat32, 8, paced).piece_bytes(), 32 * KiB);
+  // A 1 MiB op (128 KiB a shard, 8 KiB / 16) takes the floor: 4 chunks a shard.
+  EXPECT_EQ(ChunkPlan(MiB, DType::kFloat32, 8, paced).full_chunk_bytes(), 32 * KiB);
 }
 
-TEST(ChunkPlan, LargeTensorsGetTheTargetPiecesPerShard) {
-  // 16 MiB over 4 shards: 4 MiB each, / 16 = 256 KiB pieces.
+TEST(ChunkPlan, LargeTensorsGetTheTargetChunksPerShard) {
+  // 16 MiB over 4 shards: 4 MiB each, / 16 = 256 KiB chunks.
   const ChunkPlan plan(16 * MiB, DType::kFloat32, 4);
-  EXPECT_EQ(plan.piece_bytes(), 256 * KiB);
-  for (uint32_t s = 0; s < 4; ++s) EXPECT_EQ(plan.chunks_on_shard(s), kPlanTargetPieces);
+  EXPECT_EQ(plan.full_chunk_bytes(), 256 * KiB);
+  for (uint32_t s = 0; s < 4; ++s) EXPECT_EQ(plan.chunks_on_shard(s), kPlanTargetChunks);
 }
 
-TEST(ChunkPlan, PiecesStopAtTheCeiling) {
+TEST(ChunkPlan, ChunksStopAtTheCeiling) {
   // 1 GiB over 2 shards: 512 MiB / 16 = 32 MiB, capped at 256 KiB.
   const ChunkPlan plan(1024 * MiB, DType::kFloat32, 2);
-  EXPECT_EQ(plan.piece_bytes(), kPlanMaxPieceBytes);
-  EXPECT_EQ(plan.piece_bytes(), 256 * KiB);
+  EXPECT_EQ(plan.full_chunk_bytes(), kPlanChunkCeilingBytes);
+  EXPECT_EQ(plan.full_chunk_bytes(), 256 * KiB);
   EXPECT_EQ(plan.chunks_on_shard(0), 2048u);
-  // A reducer that takes less bounds the pieces further.
+  // A reducer that takes less bounds the chunks further.
   const ChunkPlan small(1024 * MiB, DType::kFloat32, 2, {.max_chunk_bytes = 128 * KiB});
-  EXPECT_EQ(small.piece_bytes(), 128 * KiB);
+  EXPECT_EQ(small.full_chunk_bytes(), 128 * KiB);
   // Even below the floor: a reducer's limit is never exceeded.
   const ChunkPlan tiny(MiB, DType::kFloat32, 1, {.max_chunk_bytes = 4096});
-  EXPECT_EQ(tiny.piece_bytes(), 4096u);
+  EXPECT_EQ(tiny.full_chunk_bytes(), 4096u);
 }
 
-TEST(ChunkPlan, MaxPieceElementsIsTheReducersSlabOverTheElementSize) {
-  EXPECT_EQ(max_piece_elements(4 * MiB, DType::kFloat32), MiB);
-  EXPECT_EQ(max_piece_elements(4 * MiB, DType::kFloat64), MiB / 2);
-  EXPECT_EQ(max_piece_elements(4 * MiB, DType::kFloat16), MiB);  // float32 accumulators
-  EXPECT_EQ(max_piece_elements(4, DType::kFloat64), 1u);         // at least one
+TEST(ChunkPlan, MaxChunkElementsIsTheReducersSlabOverTheElementSize) {
+  EXPECT_EQ(max_chunk_elements(4 * MiB, DType::kFloat32), MiB);
+  EXPECT_EQ(max_chunk_elements(4 * MiB, DType::kFloat64), MiB / 2);
+  EXPECT_EQ(max_chunk_elements(4 * MiB, DType::kFloat16), MiB);  // float32 accumulators
+  EXPECT_EQ(max_chunk_elements(4, DType::kFloat64), 1u);         // at least one
 }
 
-TEST(ChunkPlan, PieceSizeRoundsToWholeElements) {
+TEST(ChunkPlan, ChunkSizeRoundsToWholeElements) {
   // Automatic: 3 shards of a 7-element-odd size still cut at element bounds.
-  const ChunkPlan plan(3 * 1000 * 8 + 8, DType::kFloat64, 3, {.min_piece_bytes = 100});
-  EXPECT_EQ(plan.piece_bytes() % 8, 0u);
+  const ChunkPlan plan(3 * 1000 * 8 + 8, DType::kFloat64, 3, {.chunk_floor_bytes = 100});
+  EXPECT_EQ(plan.full_chunk_bytes() % 8, 0u);
   // Override: rounded down, at least one element.
-  EXPECT_EQ(ChunkPlan(100, DType::kFloat64, 1, {.chunk_bytes = 20}).piece_bytes(), 16u);
-  EXPECT_EQ(ChunkPlan(100, DType::kFloat32, 1, {.chunk_bytes = 4097}).piece_bytes(), 4096u);
-  EXPECT_EQ(ChunkPlan(100, DType::kFloat64, 1, {.chunk_bytes = 7}).piece_bytes(), 8u);
+  EXPECT_EQ(ChunkPlan(100, DType::kFloat64, 1, {.chunk_bytes = 20}).full_chunk_bytes(), 16u);
+  EXPECT_EQ(ChunkPlan(100, DType::kFloat32, 1, {.chunk_bytes = 4097}).full_chunk_bytes(), 4096u);
+  EXPECT_EQ(ChunkPlan(100, DType::kFloat64, 1, {.chunk_bytes = 7}).full_chunk_bytes(), 8u);
 }
 
-TEST(ChunkPlan, OverrideCutsEachShardRangeIntoExactPieces) {
-  // 10 KiB over 2 shards with 4 KiB pieces: each 5 KiB range is 4 KiB + 1 KiB.
+TEST(ChunkPlan, OverrideCutsEachShardRangeIntoExactChunks) {
+  // 10 KiB over 2 shards with 4 KiB chunks: each 5 KiB range is 4 KiB + 1 KiB.
   const ChunkPlan plan(10 * KiB, DType::kFloat32, 2, {.chunk_bytes = 4096});
   ASSERT_EQ(plan.chunk_count(), 4u);
   EXPECT_EQ(plan.chunk(0).length, 4096u);
@@ -302,7 +302,7 @@ TEST(ChunkPlan, FewerElementsThanShardsGivesOneElementToTheFirstShards) {
 
 TEST(ChunkPlan, SmallOpsReachOneShardPerFloorTakingTurnsByOpNumber) {
   static_assert(kPlanMinShardBytes == 16 * KiB, "the sizes below are in floors");
-  // 4 KiB at S = 4: one shard, the op's number mod 4, one piece.
+  // 4 KiB at S = 4: one shard, the op's number mod 4, one chunk.
   for (uint64_t op = 0; op < 8; ++op) {
     const ChunkPlan plan(4 * KiB, DType::kFloat32, 4, {}, op);
     EXPECT_EQ(plan.spread(), 1u);
@@ -334,7 +334,7 @@ TEST(ChunkPlan, HugeTensorsCountChunksWithoutOverflow) {
   const uint64_t nbytes = kMax - (kMax % 8);  // 2^64 - 8, whole float64 elements
   for (uint32_t shards : {1u, 3u, 4u}) {
     const ChunkPlan plan(nbytes, DType::kFloat64, shards);
-    EXPECT_EQ(plan.piece_bytes(), kPlanMaxPieceBytes);
+    EXPECT_EQ(plan.full_chunk_bytes(), kPlanChunkCeilingBytes);
     uint64_t total = 0;
     for (uint32_t s = 0; s < shards; ++s) total += plan.chunks_on_shard(s);
     EXPECT_EQ(plan.chunk_count(), total);

@@ -384,11 +384,11 @@ TEST(KernelSupports, UnknownWireValueIsNotSupported) {
   EXPECT_FALSE(kernel_supports(static_cast<DType>(7)));
 }
 
-TEST(MaxPieceElements, SixteenBitTypesCountFourBytesOfAccumulator) {
-  EXPECT_EQ(max_piece_elements(4096, DType::kFloat16), 1024u);
-  EXPECT_EQ(max_piece_elements(4096, DType::kBFloat16), 1024u);
-  EXPECT_EQ(max_piece_elements(4096, DType::kFloat32), 1024u);
-  EXPECT_EQ(max_piece_elements(4096, DType::kFloat64), 512u);
+TEST(MaxChunkElements, SixteenBitTypesCountFourBytesOfAccumulator) {
+  EXPECT_EQ(max_chunk_elements(4096, DType::kFloat16), 1024u);
+  EXPECT_EQ(max_chunk_elements(4096, DType::kBFloat16), 1024u);
+  EXPECT_EQ(max_chunk_elements(4096, DType::kFloat32), 1024u);
+  EXPECT_EQ(max_chunk_elements(4096, DType::kFloat64), 512u);
 }
 
 using KernelsDeathTest = ::testing::Test;

@@ -1,5 +1,5 @@
 // The TCP transport over a real loopback stream: frames larger than one
-// write or read call arrive whole and in order, whatever pieces the bytes
+// write or read call arrive whole and in order, whatever fragments the bytes
 // come in; a posted receive is written only with a whole payload; control frames queued for a peer
 // that does not read are capped per stream and across the streams that share a budget; a paced
 // stream's socket carries its pacing rate, and the share and congestion control streams are paced
@@ -106,7 +106,7 @@ TEST(TcpTransport, FramesLargerThanOneCallArriveWholeAndInOrder) {
   receiver->start(collector);
   sender->start(std::make_shared<Collector>());
 
-  // Sizes around the old 64 KiB per-call cap and above the 1 MiB read piece
+  // Sizes around the old 64 KiB per-call cap and above the 1 MiB read fragment
   // (whole float32s, as the frame codec requires).
   const std::vector<size_t> sizes{(3u << 20) + 4, 4, 65532, 65540, 1u << 20, (1u << 20) + 4};
   std::vector<std::vector<std::byte>> payloads;
@@ -129,7 +129,7 @@ TEST(TcpTransport, FramesLargerThanOneCallArriveWholeAndInOrder) {
   sender->close(Status(ErrorCode::kCancelled, "test over"));
 }
 
-TEST(TcpTransport, PayloadTricklingInUnevenPiecesIsAssembled) {
+TEST(TcpTransport, PayloadTricklingInUnevenFragmentsIsAssembled) {
   LoopbackPair pair;
   ConnectionOptions options;
   options.max_data_bytes = 8u << 20;
@@ -141,13 +141,13 @@ TEST(TcpTransport, PayloadTricklingInUnevenPiecesIsAssembled) {
   const auto payload = pattern(n, 42);
   const auto header = encode_header(data_header(1, 0, n));
   // A raw peer on its own thread writes the header and then the payload in
-  // pieces of 1, 65537, 3 and the rest bytes, so reads complete short.
+  // fragments of 1, 65537, 3 and the rest bytes, so reads complete short.
   std::thread writer([&, socket = std::move(pair.client)]() mutable {
     boost::system::error_code ec;
     asio::write(socket, asio::buffer(header), ec);
-    const size_t pieces[] = {1, 65537, 3};
+    const size_t fragments[] = {1, 65537, 3};
     size_t at = 0;
-    for (size_t p : pieces) {
+    for (size_t p : fragments) {
       asio::write(socket, asio::buffer(payload.data() + at, p), ec);
       at += p;
       std::this_thread::sleep_for(20ms);  // let the reader see a short read

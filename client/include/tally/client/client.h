@@ -54,8 +54,8 @@ struct ClientOptions {
   uint32_t rank = 0;
   uint32_t world_size = 1;
   // 0 (the default): the automatic chunk plan (tally/protocol/chunking.h)
-  // spreads each tensor over all shards and sizes the pieces by the tensor.
-  // Set (TALLY_CHUNK_BYTES): each shard's range is cut into pieces of
+  // spreads each tensor over all shards and sizes the chunks by the tensor.
+  // Set (TALLY_CHUNK_BYTES): each shard's range is cut into chunks of
   // exactly this size (rounded down to whole elements); at least 8, at most
   // the reducers' maximum. Every rank must use the same value.
   size_t chunk_bytes = 0;

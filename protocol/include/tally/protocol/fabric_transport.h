@@ -14,7 +14,7 @@
 //
 // A data frame is two tagged messages: the 64-byte header (tag: its
 // sequence number on the stream, so headers are taken in order whatever the
-// provider's ordering) and the payload (tag: kind, op, chunk and piece, so a
+// provider's ordering) and the payload (tag: kind, op, chunk and fragment, so a
 // receiver can post it ahead into its final place). See docs/protocol.md.
 #pragma once
 

@@ -19,7 +19,7 @@
 //  32     8    count    total elements of the op's tensor (agreement check)
 //  40     8    offset   byte offset of this chunk (partials: of this segment) in the tensor
 //  48     4    chunk    chunk index within the op
-//  52     4    chunks   pieces of this op on this stream's shard (contributions,
+//  52     4    chunks   chunks of this op on this stream's shard (contributions,
 //                       >= 1, the same from every rank; results and partials
 //                       echo it); 0 in control frames
 //  56     8    length   payload bytes following the header

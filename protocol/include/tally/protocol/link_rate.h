@@ -1,6 +1,6 @@
 // A link's rate, as the reducers (--link-rate) and workers (TALLY_LINK_RATE)
 // are told it, and each stream's share of it. Transport-neutral: the chunk
-// plan sizes pieces from it, and each transport paces its streams by it.
+// plan sizes chunks from it, and each transport paces its streams by it.
 #pragma once
 
 #include <cstddef>

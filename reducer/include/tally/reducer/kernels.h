@@ -8,7 +8,7 @@
 // the accumulator slab's upper half and widened in place, every further
 // payload is widened and added in one pass, and the result is narrowed in
 // place (round to nearest even) before it is sent. So a 16-bit chunk of n
-// elements needs 4n bytes of slab (max_piece_elements in chunking.h).
+// elements needs 4n bytes of slab (max_chunk_elements in chunking.h).
 #pragma once
 
 #include <cstddef>
