@@ -156,8 +156,8 @@ struct Client::Impl final : LinkOwner {
   std::map<uint64_t, std::shared_ptr<Op>> kept;
   uint64_t kept_bytes = 0;
   // Buffers of released results, reused: a fresh one per op is a page fault
-  // per 4 KiB of results (on this VM a 64 MiB op's copy took 0.2 s of
-  // faults, 4x the op's own time) and an munmap when released.
+  // per 4 KiB of results (a 64 MiB op's copy took 0.2 s of faults, 4x
+  // the op's own time) and an munmap when released.
   std::vector<std::vector<std::byte>> spare_kept;
   uint64_t spare_kept_bytes = 0;         // their capacities
   bool keeping_refused = false;          // the last op did not fit (its warning is out)

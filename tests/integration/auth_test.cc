@@ -1,7 +1,7 @@
 // Authenticated jobs and replica links (HMAC-SHA256 challenge-response with
 // a shared secret): real reducers, real workers, and raw strangers on
-// loopback. Each finding of issue 12's "no authentication" and "replica
-// impersonation" is tried here and shown refused.
+// loopback. Strangers who join jobs and who impersonate replicas are tried
+// here and shown refused.
 #include "tally/protocol/auth.h"
 
 #include <gtest/gtest.h>

@@ -366,7 +366,7 @@ int established_to(int port) {
   return n;
 }
 
-// Finding 8 of issue 12: a reducer is stopped (SIGSTOP) long enough for
+// A reducer is stopped (SIGSTOP) long enough for
 // its workers to give up on it (their peer timeout), the job reconnects
 // under the same name, and the reducer is continued. Its old streams' ends
 // and the new Hellos arrive together; the new ranks are taken once the old

@@ -186,7 +186,7 @@ TEST(ChunkPlan, EmptyTensorHasNoChunks) {
 }
 
 TEST(ChunkPlan, OneMiBSpreadsOverEveryShardInFloorSizedChunks) {
-  // The case issue 9 is about: 1 MiB used to land whole on one reducer.
+  // A 1 MiB op spreads over every shard rather than landing on one.
   const ChunkPlan plan(MiB, DType::kFloat32, 4);
   for (uint32_t s = 0; s < 4; ++s) EXPECT_EQ(plan.shard_bytes(s), 256 * KiB);
   // 256 KiB / 16 chunks = 16 KiB, under the floor: 64 KiB chunks, 4 a shard.
