@@ -22,6 +22,7 @@
 #include <cstdio>
 #include <fstream>
 
+#include "bare_stream.h"
 #include "cli.h"
 #include "compare.h"
 #include "driver_options.h"
@@ -108,6 +109,10 @@ std::vector<std::string> worker_args(const Phase& phase, const PhaseOptions& opt
     args.push_back("--json");
     args.push_back(phase.json_path);
   }
+  if (sweep.cpu_floor_s_per_gb > 0) {
+    args.push_back("--cpu-floor");
+    args.push_back(std::to_string(sweep.cpu_floor_s_per_gb));
+  }
   if (!phase.metrics.empty()) {
     std::string list;
     for (size_t i = 0; i < phase.metrics.size(); ++i) list += (i ? "," : "") + phase.metrics[i];
@@ -155,6 +160,18 @@ std::optional<double> local_reducer_cpu(LocalPool* local) {
   return total;
 }
 
+// The floor beside the reducers' CPU: a bare TCP stream's send plus receive
+// per GB on this machine, and the reducers' as a multiple of it (each
+// reducer's bytes cross its stack twice, in and out, as a bare stream's
+// cross the sender's and the receiver's; rank 0 prints the workers').
+void print_cpu_floor(double floor_s_per_gb, double reducers_s_per_gb) {
+  if (floor_s_per_gb <= 0) return;
+  std::printf(
+      "# cpu of a bare TCP stream here: %.2f s/GB (send plus receive, loopback); reducers %.2fx "
+      "of it\n",
+      floor_s_per_gb, reducers_s_per_gb / floor_s_per_gb);
+}
+
 int run_phase(const Phase& phase, const PhaseOptions& options) {
   const std::vector<std::string> args = worker_args(phase, options);
   const auto reducers_before = local_reducer_cpu(options.local);
@@ -195,8 +212,10 @@ int run_phase(const Phase& phase, const PhaseOptions& options) {
     const double rc = *reducers_after - *reducers_before;
     std::printf(
         "# cpu transport=%s: reducers %.2f s = %.2f s/GB received, workers %.2f s = %.2f s/GB sent "
-        "(%.2f GB)\n#\n",
+        "(%.2f GB)\n",
         phase.transport.c_str(), rc, rc / gb, worker_cpu, worker_cpu / gb, gb);
+    print_cpu_floor(options.sweep.cpu_floor_s_per_gb, rc / gb);
+    std::printf("#\n");
   } else {
     std::printf(
         "# cpu transport=%s: workers %.2f s = %.2f s/GB sent (%.2f GB); reducers not local\n#\n",
@@ -330,6 +349,13 @@ int Driver::set_up() {
     pool = local_->pool_string();
   }
   phase_options_ = phase_options_of(o_, pool, local_.get(), lab_.get(), secret_file_);
+  // The CPU lines' floor, measured once before the sweeps.
+  if (auto floor = bare_stream_cpu_s_per_gb()) {
+    phase_options_.sweep.cpu_floor_s_per_gb = *floor;
+  } else {
+    spdlog::warn("the CPU lines go without a bare TCP stream beside them: {}",
+                 floor.status().to_string());
+  }
   return 0;
 }
 

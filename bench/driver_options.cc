@@ -57,6 +57,9 @@ void add_pool_flags(CLI::App& app, DriverOptions& o) {
          "--reducer-metrics", o.sweep.reducer_metrics,
          "worker mode: reducers' HTTP host:port in (group, shard) order (the driver sets it)")
       ->delimiter(',');
+  app.add_option("--cpu-floor", o.sweep.cpu_floor_s_per_gb,
+                 "worker mode: a bare TCP stream's CPU s/GB here, shown beside the workers' "
+                 "(the driver sets it)");
   app.add_option(
       "--metrics", o.metrics_list,
       "with --pool: the reducers' --http-listen host:port, in the pool's order (a pattern "

@@ -283,8 +283,13 @@ double Sweep::print_summary(bool wrong) const {
   std::printf("# Out of bounds values : %s\n", wrong ? "FAILED" : "0 OK");
   std::printf("# Avg bus bandwidth    : %.3f\n", avg);
   const double cpu = timed_cpu(), gb = timed_gb();
-  std::printf("# cpu of the workers in the timed loops: %.2f s = %.2f s/GB sent (%.2f GB)\n#\n",
-              cpu, gb > 0 ? cpu / gb : 0.0, gb);
+  const double per_gb = gb > 0 ? cpu / gb : 0.0;
+  std::printf("# cpu of the workers in the timed loops: %.2f s = %.2f s/GB sent (%.2f GB)", cpu,
+              per_gb, gb);
+  if (sweep_.cpu_floor_s_per_gb > 0) {
+    std::printf(" = %.2fx a bare TCP stream", per_gb / sweep_.cpu_floor_s_per_gb);
+  }
+  std::printf("\n#\n");
   return avg;
 }
 
@@ -355,6 +360,7 @@ Status Sweep::write_json(double avg_busbw) const {
       {"avg_busbw_gbps", avg_busbw},
       {"timed_worker_cpu_s", timed_cpu()},
       {"timed_gb", timed_gb()},
+      {"bare_stream_cpu_s_per_gb", sweep_.cpu_floor_s_per_gb},
   };
   std::ofstream out(sweep_.json_path);
   out << doc.dump(1) << "\n";

@@ -26,6 +26,9 @@ struct SweepOptions {
   std::optional<size_t> chunk_bytes;
   // --wire-dtype: overrides TALLY_WIRE_DTYPE when non-empty.
   std::string wire_dtype;
+  // --cpu-floor: a bare TCP stream's CPU per GB on this machine (the driver
+  // measures it, bare_stream.h), shown beside the workers'; 0: not known.
+  double cpu_floor_s_per_gb = 0;
 };
 
 // Runs the sweep as the rank TALLY_* configures; returns the process exit
