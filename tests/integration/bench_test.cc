@@ -45,6 +45,14 @@ TEST(Bench, SweepPrintsTheTableWithNoWrongResults) {
       out, std::regex("# cpu of the workers in the timed loops: [0-9.]+ s = [0-9.]+ s/GB sent "
                       "\\(0.00 GB\\)")))
       << out;
+  // Beside each CPU figure, the floor: a bare TCP stream measured here.
+  EXPECT_TRUE(std::regex_search(out, std::regex("s/GB sent \\([0-9.]+ GB\\) = [0-9.]+x a bare TCP "
+                                                "stream")))
+      << out;
+  EXPECT_TRUE(std::regex_search(
+      out, std::regex("# cpu of a bare TCP stream here: [0-9.]+ s/GB \\(send plus receive, "
+                      "loopback\\); reducers [0-9.]+x of it")))
+      << out;
   // The per-reducer bytes only with --bytes.
   EXPECT_FALSE(contains(out, "Payload bytes per op")) << out;
   EXPECT_EQ(bench::parse_rows(out).size(), 4u) << out;
@@ -57,6 +65,7 @@ TEST(Bench, SweepPrintsTheTableWithNoWrongResults) {
   EXPECT_EQ(json["workers"], 3) << text;
   EXPECT_EQ(json["shards"], 2) << text;
   EXPECT_EQ(json["chunk_bytes"], 65536) << text;
+  EXPECT_GT(json["bare_stream_cpu_s_per_gb"].get<double>(), 0.0) << text;
   ASSERT_EQ(json["rows"].size(), 4u) << text;
   EXPECT_EQ(json["rows"][3]["size"], 262144) << text;
   for (const auto& row : json["rows"]) EXPECT_EQ(row["wrong"], 0) << text;
