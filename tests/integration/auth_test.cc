@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <string>
 #include <thread>
 #include <vector>
@@ -46,6 +47,13 @@ struct AuthPool {
     spec.reducer_args.insert(spec.reducer_args.end(), {"--job-secret-file", secret_file});
     if (require) spec.reducer_args.push_back("--require-auth");
     cluster = std::make_unique<TestCluster>(spec);
+  }
+  // Rank `rank`'s environment, with the job secret.
+  std::map<std::string, std::string> worker_env(const std::string& job, uint32_t rank,
+                                                uint32_t world) const {
+    auto env = cluster->worker_env(job, rank, world);
+    env["TALLY_JOB_SECRET_FILE"] = secret_file;
+    return env;
   }
 };
 
@@ -150,11 +158,7 @@ TEST(Auth, AStrangerLearnsNothingAndTakesNoRank) {
   ASSERT_TRUE(pool.cluster->ok()) << pool.cluster->error();
   const std::string job = unique_job("victim");
   TestCluster& cluster = *pool.cluster;
-  auto env_of = [&](uint32_t rank) {
-    auto env = cluster.worker_env(job, rank, 2);
-    env["TALLY_JOB_SECRET_FILE"] = pool.secret_file;
-    return env;
-  };
+  auto env_of = [&](uint32_t rank) { return pool.worker_env(job, rank, 2); };
   const Args args{"--count", "1009", "--ops", "3"};
   // Rank 0 joins; rank 1's slot stays free while the stranger tries it.
   bench::Process rank0 = cluster.spawn_worker("v0", args, env_of(0));
@@ -191,11 +195,7 @@ TEST(Auth, AnUnauthenticatedSquatterDoesNotKeepAnAuthenticatedJobOut) {
       [&] { return contains(cluster.reducer_log(0), "rank 0/2 of job '" + job + "' joined"); },
       10s))
       << cluster.reducer_log(0);
-  auto env_of = [&](uint32_t rank) {
-    auto env = cluster.worker_env(job, rank, 2);
-    env["TALLY_JOB_SECRET_FILE"] = pool.secret_file;
-    return env;
-  };
+  auto env_of = [&](uint32_t rank) { return pool.worker_env(job, rank, 2); };
   const Args args{"--count", "1009", "--ops", "3"};
   bench::Process rank0 = cluster.spawn_worker("a0", args, env_of(0));
   bench::Process rank1 = cluster.spawn_worker("a1", args, env_of(1));

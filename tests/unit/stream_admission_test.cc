@@ -9,6 +9,7 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -69,49 +70,50 @@ struct Streams {
   }
 };
 
-TEST(StreamAdmission, AStreamChosenToBeCutIsNotAdmitted) {
+// One stream accepted and opened, not yet admitted, under these limits.
+struct OneOpen {
   ReducerOptions options;
-  options.max_connections = 1;
-  StreamAdmission admission(options);
+  std::optional<StreamAdmission> admission;
   Streams streams;
-  auto first = streams.accept_one();
-  admission.opened(first);
+  std::shared_ptr<InboundStream> first;
+
+  OneOpen(size_t max_connections, size_t max_pending_per_source) {
+    options.max_connections = max_connections;
+    options.max_pending_per_source = max_pending_per_source;
+    admission.emplace(options);
+    first = streams.accept_one();
+    admission->opened(first);
+  }
+};
+
+TEST(StreamAdmission, AStreamChosenToBeCutIsNotAdmitted) {
+  OneOpen t(1, 64);
   // A second stream at the limit of one: the first, not yet admitted, is cut.
-  EXPECT_TRUE(admission.make_room("127.0.0.1", 1));
-  auto second = streams.accept_one();
-  admission.opened(second);
+  EXPECT_TRUE(t.admission->make_room("127.0.0.1", 1));
+  auto second = t.streams.accept_one();
+  t.admission->opened(second);
   // Its hello was read before the cut landed: it may not join anything.
-  EXPECT_TRUE(first->evicted);
-  EXPECT_FALSE(admission.admit(*first));
-  EXPECT_TRUE(streams.closed_by_reducer(0));
-  admission.closed(*first);
-  EXPECT_TRUE(admission.admit(*second));
+  EXPECT_TRUE(t.first->evicted);
+  EXPECT_FALSE(t.admission->admit(*t.first));
+  EXPECT_TRUE(t.streams.closed_by_reducer(0));
+  t.admission->closed(*t.first);
+  EXPECT_TRUE(t.admission->admit(*second));
 }
 
 TEST(StreamAdmission, AnAdmittedStreamIsNeverCut) {
-  ReducerOptions options;
-  options.max_connections = 1;
-  StreamAdmission admission(options);
-  Streams streams;
-  auto first = streams.accept_one();
-  admission.opened(first);
-  EXPECT_TRUE(admission.admit(*first));
+  OneOpen t(1, 64);
+  EXPECT_TRUE(t.admission->admit(*t.first));
   // Every open stream is admitted: the new one is refused, the first kept.
-  EXPECT_FALSE(admission.make_room("127.0.0.1", 1));
-  EXPECT_FALSE(first->evicted);
+  EXPECT_FALSE(t.admission->make_room("127.0.0.1", 1));
+  EXPECT_FALSE(t.first->evicted);
 }
 
 TEST(StreamAdmission, AdmittedStreamsLeaveTheirSourcesShare) {
-  ReducerOptions options;
-  options.max_pending_per_source = 1;
-  StreamAdmission admission(options);
-  Streams streams;
-  auto first = streams.accept_one();
-  admission.opened(first);
-  EXPECT_FALSE(admission.make_room("127.0.0.1", 1));
-  EXPECT_TRUE(admission.make_room("127.0.0.2", 1));
-  EXPECT_TRUE(admission.admit(*first));
-  EXPECT_TRUE(admission.make_room("127.0.0.1", 1));
+  OneOpen t(4096, 1);
+  EXPECT_FALSE(t.admission->make_room("127.0.0.1", 1));
+  EXPECT_TRUE(t.admission->make_room("127.0.0.2", 1));
+  EXPECT_TRUE(t.admission->admit(*t.first));
+  EXPECT_TRUE(t.admission->make_room("127.0.0.1", 1));
 }
 
 }  // namespace
