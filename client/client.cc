@@ -51,7 +51,11 @@ void Client::Impl::pump(ShardLink& link) {
   // bytes (its ingress budget).
   SendWindow& window = link.window();
   while (window.ready() && !link.closed() && !link.resyncing) {
-    const auto [op, index, replay] = window.front();
+    // Copies, not a structured binding: the send's completion captures `op`
+    // (clang before 16 cannot capture a binding).
+    const std::shared_ptr<Op> op = window.front().op;
+    const uint32_t index = window.front().index;
+    const bool replay = window.front().replay;
     const ChunkExtent e = op->plan->chunk(index);
     std::span<std::byte> payload =
         replay ? result_span(*op, e) : std::span(op->data + e.offset, e.length);
