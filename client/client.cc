@@ -332,18 +332,18 @@ Result<std::unique_ptr<Client>> Client::connect(const ClientOptions& options) {
                                           std::to_string(options.rank));
     impl->fabric = *fabric;
   }
-  impl->group = options.group ? *options.group
-                              : default_group_of(options.rank, options.world_size, options.groups);
-  impl->group_sizes =
-      options.group ? options.group_sizes : default_group_sizes(options.world_size, options.groups);
+  const uint32_t group = options.group
+                             ? *options.group
+                             : default_group_of(options.rank, options.world_size, options.groups);
   // Only the S reducers of this worker's group.
   const uint32_t shards = static_cast<uint32_t>(options.pool.size() / options.groups);
-  impl->link_settings.emplace(
-      LinkSettings{impl->options, impl->io, impl->fabric, impl->group, impl->group_sizes, shards});
+  const LinkSettings& settings = impl->link_settings.emplace(LinkSettings{
+      impl->options, impl->io, impl->fabric, group,
+      options.group ? options.group_sizes : default_group_sizes(options.world_size, options.groups),
+      shards});
   for (uint32_t s = 0; s < shards; ++s) {
     impl->links.push_back(std::make_shared<ShardLink>(
-        *impl, *impl->link_settings, s,
-        *parse_host_port(options.pool[pool_index(impl->group, s, shards)])));
+        *impl, settings, s, *parse_host_port(options.pool[pool_index(group, s, shards)])));
   }
   impl->guard.emplace(asio::make_work_guard(impl->io));
   impl->thread = std::thread([io = &impl->io] { io->run(); });
@@ -571,7 +571,7 @@ uint32_t Client::rank() const { return impl_->options.rank; }
 uint32_t Client::world_size() const { return impl_->options.world_size; }
 uint32_t Client::shards() const { return static_cast<uint32_t>(impl_->links.size()); }
 uint32_t Client::groups() const { return impl_->options.groups; }
-uint32_t Client::group() const { return impl_->group; }
+uint32_t Client::group() const { return impl_->link_settings->group; }
 const ClientOptions& Client::options() const { return impl_->options; }
 ChunkPlan Client::plan(uint64_t count, DType dtype, uint64_t op) const {
   return ChunkPlan(count * dtype_size(dtype), dtype, shards(), impl_->plan_settings, op);

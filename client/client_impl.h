@@ -129,8 +129,6 @@ using client_internal::Op;
 struct Client::Impl final : LinkOwner {
   ClientOptions options;
   uint64_t job = 0;
-  uint32_t group = 0;
-  std::vector<uint32_t> group_sizes;  // as sent in Hello
   // Every op's chunk plan; max_chunk_bytes is the smallest the Welcomes
   // gave, chunk_floor_bytes follows the slowest reducer link they gave (set
   // before connect() returns, read-only afterwards).
@@ -143,7 +141,8 @@ struct Client::Impl final : LinkOwner {
   std::thread thread;
   // After `io`: endpoints are closed before the context they live on goes.
   std::shared_ptr<Fabric> fabric;
-  // What every link says and connects with (set before the links are made).
+  // What every link says and connects with, this worker's group among it
+  // (set before the links are made).
   std::optional<LinkSettings> link_settings;
   std::vector<std::shared_ptr<ShardLink>> links;
   std::mutex start_mu;

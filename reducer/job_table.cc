@@ -83,10 +83,9 @@ Result<std::shared_ptr<Job>> JobTable::admit(const wire::Hello& hello, bool auth
             "did: this reducer gives the name to the authenticated job (give every rank "
             "TALLY_JOB_SECRET_FILE or TALLY_JOB_SECRET)");
     spdlog::warn("{}; the unauthenticated job ends", taken.message());
-    job = it->second;
-    erase_locked(job);
-    job->evict(taken);
-    job = nullptr;
+    const std::shared_ptr<Job> squatter = it->second;
+    erase_locked(squatter);
+    squatter->evict(taken);
     it = jobs_.end();
   }
   if (it != jobs_.end()) {
