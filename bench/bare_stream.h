@@ -11,6 +11,6 @@ namespace tally::bench {
 
 // The two threads' CPU (getrusage RUSAGE_THREAD: send plus receive) per GB
 // of `bytes` moved. Each socket call has a 10 s deadline.
-Result<double> bare_stream_cpu_s_per_gb(uint64_t bytes = uint64_t{512} << 20);
+Result<double> bare_stream_cpu_s_per_gb(uint64_t bytes = uint64_t{256} << 20);
 
 }  // namespace tally::bench
