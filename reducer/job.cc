@@ -63,7 +63,7 @@ Job::Job(JobSettings settings, std::shared_ptr<SlabQuota> quota, ReducerCounters
       local_size_(settings_.group_sizes.empty() ? settings_.world_size
                                                 : settings_.group_sizes[settings_.group]),
       butterfly_{participants_, mesh_.get(), counters_[Count::kReplicaBytesSent],
-                 [this](uint32_t group) { return left_group(group); },
+                 [this](uint32_t group) { return left_groups_.find(group); },
                  [this](std::shared_ptr<Chunk> chunk) -> ReplicaMesh::SendDone {
                    return [self = shared_from_this(), chunk](const Status& status) {
                      Status why;
@@ -109,7 +109,7 @@ Status Job::join(const std::shared_ptr<JobMember>& member, Arrival arrival) {
                       " cannot join it (check TALLY_GROUP_SIZES)");
   }
   members_[rank] = member;
-  rejoining_.erase(rank);
+  round_.rejoined(rank);
   marks_.joined(rank);
   departed_.erase(rank);
   if (arrival == Arrival::kFresh) {
@@ -191,7 +191,7 @@ void Job::fail_op_locked(uint64_t op, const Status& status, const std::vector<ui
   counters_.count_op_failed(status.code(), failed_chunks);
   chunks_.erase(first, last);
   op_timings_.forget(op);
-  early_.erase(early_.lower_bound({op, 0}), early_.lower_bound({op + 1, 0}));
+  early_.drop_op(op);
   straggler_logged_.erase(op);
   spdlog::warn("job '{}' shard {} group {} op {} failed: {}", name(), settings_.shard,
                settings_.group, op, status.to_string());
@@ -207,9 +207,8 @@ void Job::fail_op_locked(uint64_t op, const Status& status, const std::vector<ui
 
 void Job::fail_all_ops_locked(const Status& status, const std::vector<uint32_t>& ranks,
                               Forward forward) {
-  std::set<uint64_t> ops;
+  std::set<uint64_t> ops = early_.ops();
   for (auto& [key, chunk] : chunks_) ops.insert(key.first);
-  for (auto& [key, early] : early_) ops.insert(key.first);
   for (uint64_t op : ops) fail_op_locked(op, status, ranks, forward);
 }
 
@@ -317,14 +316,10 @@ std::shared_ptr<Chunk> Job::chunk_for_locked(const FrameHeader& h) {
   }
   const auto now = Clock::now();
   auto chunk = std::make_shared<Chunk>(h, now, now + settings_.op_timeout, settings_.world_size,
-                                       std::move(steps), round_);
+                                       std::move(steps), round_.number());
   chunks_.emplace(key, chunk);
   op_timings_.began(h.op, now, h.chunks_on_shard, h.rank);  // >= 1 chunk (decode_header)
-  auto early = early_.find(key);
-  if (early == early_.end()) return chunk;
-  std::vector<EarlyPartial> partials = std::move(early->second);
-  early_.erase(early);
-  for (auto& p : partials) {
+  for (auto& p : early_.take(key)) {
     Status placed;
     if (p.header.flags & kFrameFlagFinal) {
       // No rank of this group is in yet: it waits for them.
@@ -453,7 +448,7 @@ void Job::finish(const std::shared_ptr<Chunk>& chunk) {
     chunks_.erase(it);
     straggler_logged_.erase(chunk->op());
     if (participants_.size() > 1 && chunk->replayed() && chunk->op() >= marks_.group_mark()) {
-      finished_finals_.insert({chunk->op(), chunk->index()});
+      round_.finished_final({chunk->op(), chunk->index()});
     }
     op_began = op_timings_.chunk_finished(chunk->op());
     for (uint32_t r = 0; r < members_.size(); ++r) {
@@ -492,7 +487,7 @@ void Job::finish(const std::shared_ptr<Chunk>& chunk) {
 bool Job::empty() const {
   std::lock_guard lock(mu_);
   return std::none_of(members_.begin(), members_.end(), [](auto& m) { return m != nullptr; }) &&
-         (rejoining_.empty() || Clock::now() >= rejoin_until_);
+         !round_.awaiting_rejoin(Clock::now());
 }
 
 std::map<uint32_t, std::string> Job::departures() const {

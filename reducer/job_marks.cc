@@ -42,7 +42,7 @@ std::shared_ptr<const wire::Control> Job::note_mark_locked(uint32_t rank, uint64
   const ReleaseMarks::Change change = marks_.note(rank, op_below);
   if (!change.moved) return nullptr;
   const uint64_t group = marks_.group_mark();
-  finished_finals_.erase(finished_finals_.begin(), finished_finals_.lower_bound({group, 0}));
+  round_.forget_finals_below(group);
   if (participants_.size() > 1) {
     auto mark = std::make_shared<wire::Control>();
     mark->mutable_replica_mark()->set_job(name());
@@ -73,7 +73,7 @@ void Job::end_released_ops() {
     // only waits for ranks that let theirs go (they resumed from a later
     // mark than the rank that replayed).
     const uint64_t below = marks_.released_below();
-    early_.erase(early_.begin(), early_.lower_bound({below, 0}));
+    early_.drop_below(below);
     for (auto it = chunks_.begin(); it != chunks_.end() && it->first.first < below; ++it) {
       ended.push_back(it->second);
     }

@@ -57,7 +57,7 @@ std::shared_ptr<const wire::Control> Job::replica_job_message_locked() const {
   rj->set_op_timeout_ms(static_cast<uint32_t>(settings_.op_timeout.count()));
   rj->set_groups_explicit(settings_.groups_explicit);
   rj->set_authenticated(settings_.authenticated);
-  rj->set_round(round_);
+  rj->set_round(round_.number());
   if (marks_.group_known()) {
     rj->set_has_mark(true);
     rj->set_mark(marks_.group_mark());
@@ -67,11 +67,10 @@ std::shared_ptr<const wire::Control> Job::replica_job_message_locked() const {
 
 uint64_t Job::round() const {
   std::lock_guard lock(mu_);
-  return round_;
+  return round_.number();
 }
 
 void Job::start_round_locked(uint64_t round, const std::string& why) {
-  round_ = round;
   size_t dropped = 0;
   for (auto& [key, chunk] : chunks_) {
     chunk->fail();
@@ -81,26 +80,25 @@ void Job::start_round_locked(uint64_t round, const std::string& why) {
   early_.clear();
   op_timings_.clear();
   straggler_logged_.clear();
-  finished_finals_.clear();
   // Every member sends its ops in flight again on a new stream: chunks
   // this round has no result of as contributions, the others as replays.
   auto rejoin = std::make_shared<wire::Control>();
   rejoin->mutable_rejoin()->set_reason(why);
-  size_t asked = 0;
+  std::set<uint32_t> asked;
   for (auto& m : members_) {
     if (!m) continue;
     m->send_control(rejoin);
-    rejoining_.insert(m->rank());
+    asked.insert(m->rank());
     m = nullptr;
-    ++asked;
   }
   const auto now = Clock::now();
-  rejoin_until_ = now + settings_.op_timeout;
+  const size_t asked_count = asked.size();
+  round_.start(round, std::move(asked), now + settings_.op_timeout);
   memberless_since_ = now;
   spdlog::info(
       "job '{}' shard {} group {} starts round {} ({}): {} chunks in flight dropped, {} "
       "workers asked to rejoin",
-      name(), settings_.shard, settings_.group, round_, why, dropped, asked);
+      name(), settings_.shard, settings_.group, round, why, dropped, asked_count);
   auto announce = replica_job_message_locked();
   for (uint32_t g : participants_) {
     if (g != settings_.group) mesh_->send_control(g, announce);
@@ -115,15 +113,15 @@ void Job::on_replica_round(uint32_t group, uint64_t round, std::optional<uint64_
     auto it = std::find(participants_.begin(), participants_.end(), group);
     if (it == participants_.end() || group == settings_.group) return;
     if (mark && (released = replica_said_mark_locked(group, *mark))) members = members_locked();
-    if (round > round_) {
+    if (round > round_.number()) {
       if (lost_ || retired_) {
-        round_ = round;
+        round_.skip_to(round);
       } else {
         start_round_locked(round, mesh_->describe(group) + " started round " +
                                       std::to_string(round) + " of the job");
         members.clear();
       }
-    } else if (round < round_) {
+    } else if (round < round_.number()) {
       // It has not heard of this round yet (it was restarted, or its
       // announcement crossed ours): this is what it needs to catch up.
       mesh_->send_control(group, replica_job_message_locked());
@@ -167,15 +165,14 @@ PayloadAction Job::on_partial_header(uint32_t from_group, const FrameHeader& h,
   // Rounds differ by far less than 128 between two replicas: the header's
   // 8 bits tell earlier from later (partials travel apart from the
   // ReplicaJob that announced their round on the fabric data path).
-  const int8_t ahead = static_cast<int8_t>(h.round - static_cast<uint8_t>(round_));
-  if (ahead < 0) return PayloadAction::discard();
-  if (ahead > 0) {
-    const uint64_t round = round_ + static_cast<uint64_t>(ahead);
+  const std::optional<uint64_t> round = round_.of_wire(h.round);
+  if (!round) return PayloadAction::discard();
+  if (*round > round_.number()) {
     if (lost_ || retired_) {
-      round_ = round;
+      round_.skip_to(*round);
     } else {
-      start_round_locked(round, mesh_->describe(from_group) + " sent a partial of round " +
-                                    std::to_string(round) + " of the job");
+      start_round_locked(*round, mesh_->describe(from_group) + " sent a partial of round " +
+                                     std::to_string(*round) + " of the job");
     }
   }
   if (stale_partial_locked(h)) return PayloadAction::discard();
@@ -192,7 +189,7 @@ PayloadAction Job::on_partial_header(uint32_t from_group, const FrameHeader& h,
   if (!slab) return PayloadAction::pause();
   pending.slab = std::move(slab);
   pending.from_group = from_group;
-  pending.round = round_;
+  pending.round = round_.number();
   return PayloadAction::receive(pending.slab->first(h.length));
 }
 
@@ -201,7 +198,7 @@ bool Job::stale_partial_locked(const FrameHeader& h) const {
   // mark, so their chunks here are finished: a partial for one was sent by
   // a replica that had not heard of a final result yet, and a final came
   // from a second replica with a replay.
-  return h.op < marks_.released_below() || finished_finals_.count({h.op, h.chunk}) > 0;
+  return h.op < marks_.released_below() || round_.final_finished({h.op, h.chunk});
 }
 
 void Job::on_partial_payload(const FrameHeader& h, PendingPartial& pending) {
@@ -214,10 +211,10 @@ void Job::on_partial_payload(const FrameHeader& h, PendingPartial& pending) {
   {
     std::lock_guard lock(mu_);
     // A new round began while it arrived, or it became unneeded.
-    if (round != round_ || stale_partial_locked(h) || failed_ops_.contains(h.op)) return;
+    if (round != round_.number() || stale_partial_locked(h) || failed_ops_.contains(h.op)) return;
     auto it = chunks_.find({h.op, h.chunk});
     if (it == chunks_.end()) {
-      early_[{h.op, h.chunk}].push_back({from, h, std::move(slab), Clock::now()});
+      early_.add(from, h, std::move(slab), Clock::now());
       return;
     }
     chunk = it->second;
@@ -242,21 +239,11 @@ void Job::on_replica_error(const wire::Error& error) {
   fail_all_ops_locked(status, ranks, Forward::kNo);
 }
 
-std::optional<Status> Job::left_group(uint32_t group) const {
-  std::lock_guard lock(left_mu_);
-  auto it = left_groups_.find(group);
-  if (it == left_groups_.end()) return std::nullopt;
-  return it->second;
-}
-
 void Job::on_replica_left(uint32_t group, const Status& why) {
   std::vector<std::shared_ptr<Chunk>> snapshot;
   {
     std::lock_guard lock(mu_);
-    {
-      std::lock_guard left_lock(left_mu_);
-      left_groups_.emplace(group, why);
-    }
+    left_groups_.add(group, why);
     for (auto& [key, chunk] : chunks_) snapshot.push_back(chunk);
   }
   // Partials from it arrived before this (one stream, in order), so a chunk
@@ -294,7 +281,7 @@ void Job::on_replica_back(uint32_t group) {
   // restart), and its partials are part of every replica's sums: every
   // replica drops them and its workers send those ops again.
   if (lost_ || retired_) return;
-  start_round_locked(round_ + 1, mesh_->describe(group) + " is back after a loss");
+  start_round_locked(round_.number() + 1, mesh_->describe(group) + " is back after a loss");
 }
 
 }  // namespace tally

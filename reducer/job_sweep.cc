@@ -74,10 +74,9 @@ size_t Job::sweep(Clock::time_point now) {
   }
   // Partials whose chunk never got a local contribution: every rank of
   // this group is missing.
-  for (auto& [key, partials] : early_) {
-    if (partials.empty() || now - partials.front().arrived <= settings_.op_timeout) continue;
-    if (overdue.count(key.first)) continue;
-    Overdue& o = overdue[key.first];
+  for (uint64_t op : early_.overdue(now, settings_.op_timeout)) {
+    if (overdue.count(op)) continue;
+    Overdue& o = overdue[op];
     o.ranks = missing_locked(std::vector<bool>(settings_.world_size, false), &o.note);
   }
   for (auto& [op, o] : overdue) fail_overdue_locked(op, o);

@@ -8,7 +8,8 @@
 // workers in the job) combine in each chunk's butterfly. Partials from other
 // replicas land in slabs of the same quota; a partial that arrives before
 // this reducer has a chunk for it waits in `early_`. An op failure found
-// here is forwarded to the other replicas.
+// here is forwarded to the other replicas. The round, the early partials
+// and the groups that left are classes of their own (job_replica_state.h).
 //
 // Locking: Job::mu_ guards the member table and the chunk map; each chunk
 // has its own lock for the adds. Order: job, then chunk, then quota. No lock
@@ -31,6 +32,7 @@
 #include "tally/protocol/transport.h"
 #include "tally/reducer/butterfly.h"
 #include "tally/reducer/chunk.h"
+#include "tally/reducer/job_replica_state.h"
 #include "tally/reducer/op_memory.h"
 #include "tally/reducer/reducer_counters.h"
 #include "tally/reducer/release_marks.h"
@@ -213,7 +215,6 @@ class Job : public std::enable_shared_from_this<Job> {
   std::map<uint32_t, std::string> departures() const;
 
  private:
-  using ChunkKey = std::pair<uint64_t, uint32_t>;  // (op, chunk)
   // Whether an op failure found here is told to the other replicas.
   enum class Forward { kYes, kNo };
 
@@ -267,17 +268,9 @@ class Job : public std::enable_shared_from_this<Job> {
   struct Overdue;
   void fail_overdue_locked(uint64_t op, Overdue& overdue);
   std::string replica_name() const;
-  std::optional<Status> left_group(uint32_t group) const;
   std::vector<std::shared_ptr<JobMember>> members_locked() const;
   // " (rank 0 left earlier: ...)" for the ranks with a known reason.
   std::string history_of(const std::vector<uint32_t>& ranks) const;
-
-  struct EarlyPartial {
-    uint32_t from_group;
-    FrameHeader header;  // kFrameFlagFinal: a final result
-    std::shared_ptr<Slab> slab;
-    Clock::time_point arrived;
-  };
 
   const JobSettings settings_;
   const uint64_t id_;
@@ -293,25 +286,12 @@ class Job : public std::enable_shared_from_this<Job> {
   std::vector<std::shared_ptr<JobMember>> members_;  // by rank
   Clock::time_point memberless_since_;
   bool retired_ = false;
-  // Rounds (docs/protocol.md, "Resuming with replica groups"): this one,
-  // and until when the members asked to rejoin keep the job from counting
-  // as empty.
-  uint64_t round_ = 0;
-  Clock::time_point rejoin_until_{};
-  std::set<uint32_t> rejoining_;  // ranks asked to rejoin, not back yet
-  // Chunks of this round finished here with a final result (a replay's or
-  // another replica's), at or above the group's least mark: a final for
-  // one of them that arrives later is dropped, not kept waiting for it.
-  std::set<ChunkKey> finished_finals_;
+  JobRound round_;
   std::string retired_why_;
   std::optional<Status> lost_;  // why the job failed for good
   std::vector<uint32_t> lost_ranks_;
-  // Groups whose replica has ended the job, and why. Its own (leaf) lock, so
-  // the butterfly can read it under a chunk's lock.
-  mutable std::mutex left_mu_;
-  std::map<uint32_t, Status> left_groups_;
-  // Partials for chunks that have no state here yet (no local contribution).
-  std::map<ChunkKey, std::vector<EarlyPartial>> early_;
+  LeftGroups left_groups_;  // its own (leaf) lock: read under a chunk's lock
+  EarlyPartials early_;
   std::map<uint32_t, std::string> departed_;  // ranks that said goodbye, and why
   std::map<ChunkKey, std::shared_ptr<Chunk>> chunks_;
   FailedOps failed_ops_;
