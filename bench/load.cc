@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "compare.h"
+#include "hostiles.h"
 #include "tally/bench/local_pool.h"
 #include "tally/bench/netlab.h"
 #include "tally/bench/process.h"
@@ -228,6 +229,7 @@ class LoadRun {
   const ScratchDir& scratch_;
   std::unique_ptr<Netlab> lab_;
   std::unique_ptr<LocalPool> local_;
+  std::unique_ptr<Hostiles> hostiles_;  // a local pool on loopback only
   std::string pool_;
   std::string secret_file_;
   const std::string prefix_;
@@ -274,6 +276,7 @@ bool LoadRun::set_up() {
     lo.groups = o_.groups;
     lo.log_dir = scratch_.path();
     lo.extra_args = {"--log-level", o_.log_level};
+    lo.http = !lab_;  // probed from here (hostiles.h)
     if (Status st = lo.require_secret(secret_file_); !st) {
       spdlog::error("{}", st.to_string());
       return false;
@@ -286,6 +289,21 @@ bool LoadRun::set_up() {
     }
     local_ = std::move(*started);
     pool_ = local_->pool_string();
+    if (!lab_) {
+      HostileOptions ho;
+      ho.liar = o_.liar;
+      ho.slow_http = o_.slow_http;
+      ho.op_timeout_ms = static_cast<uint32_t>(o_.op_timeout_ms);
+      ho.job_prefix = prefix_;
+      ho.secret_file = secret_file_;
+      ho.limit = std::chrono::seconds(static_cast<int64_t>(o_.seconds) + 600);
+      auto hostiles = Hostiles::start(ho, *local_);
+      if (!hostiles) {
+        spdlog::error("{}", hostiles.status().to_string());
+        return false;
+      }
+      hostiles_ = std::move(*hostiles);
+    }
   }
   restarts_.assign(local_ ? local_->addresses().size() : 0, 0);
   return true;
@@ -386,6 +404,7 @@ bool LoadRun::kill_one() {
       return false;
     }
     restarts_[i]++;
+    if (hostiles_) hostiles_->restarted(i);
   } else if (o_.kill == "worker") {
     JobRun& job = jobs_[kills_ % jobs_.size()];
     const uint32_t r = static_cast<uint32_t>(kills_ / jobs_.size() % o_.workers);
@@ -482,6 +501,7 @@ int LoadRun::run() {
       next_progress += kProgressEvery;
       print_progress(now - t0, jobs_, totals_, kills_);
     }
+    if (hostiles_) hostiles_->probe(now);
     if (!o_.kill.empty() && now >= next_kill && now < end_) {
       next_kill += seconds_of(o_.kill_every_s);
       if (!kill_one()) ok = false;
@@ -497,8 +517,10 @@ int LoadRun::run() {
     for (Process& p : job.workers) p.terminate(milliseconds(2000));
   }
   report(elapsed, before, sample(local_.get()));
+  const int hostile = hostiles_ ? hostiles_->finish() : 0;
   if (result != 0) return result;
-  if (totals_.wrong > 0) return 3;
+  if (totals_.wrong > 0 || hostile == 3) return 3;
+  if (hostile != 0) return hostile;
   if (!ok || totals_.unexpected_exits > 0) return 1;
   return 0;
 }

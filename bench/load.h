@@ -36,6 +36,10 @@ struct LoadOptions {
   // A network lab (netlab.h) at this rate, every process on its own host;
   // empty: loopback.
   std::string netlab_rate;
+  // Chaos beside the jobs, on loopback (hostiles.h): a job with a lying
+  // rank, and slow HTTP clients dripping to the reducers.
+  bool liar = false;
+  uint32_t slow_http = 0;
 };
 
 // `tally-bench load ...` and `tally-bench chaos ...` (argv[0] is "load" or

@@ -74,6 +74,14 @@ void add_chaos_options(CLI::App& app, LoadOptions& o, bool chaos) {
     app.add_option("-K,--kill-every", o.kill_every_s, "seconds between kills")
         ->capture_default_str()
         ->check(CLI::Range(0.1, 3600.0));
+    app.add_flag("--liar", o.liar,
+                 "also run a job whose rank 0 says after every op that every rank has the "
+                 "results below 2^40; its ops must still complete exactly");
+    app.add_option("--slow-http", o.slow_http,
+                   "also drip requests a byte at a time to the reducers' HTTP ports from N "
+                   "slow clients; the reducers' /healthz must still answer")
+        ->capture_default_str()
+        ->check(CLI::Range(0, 4096));
   } else {
     app.add_option("--pool", o.pool, "use this pool (host:port,...) instead of a local one");
     app.add_option("--secret-file", o.secret_file, "with --pool: the job secret's file");
@@ -84,6 +92,10 @@ void add_chaos_options(CLI::App& app, LoadOptions& o, bool chaos) {
 int check_load_options(const LoadOptions& o, bool worker) {
   if (!o.netlab_rate.empty() && !worker) {
     if (netlab_refused()) return 2;
+    if (o.liar || o.slow_http > 0) {
+      std::fprintf(stderr, "tally-bench: --liar and --slow-http run on loopback; drop --netlab\n");
+      return 2;
+    }
     if (!o.pool.empty()) {
       std::fprintf(stderr, "tally-bench: --netlab starts its own pool in the lab; drop --pool\n");
       return 2;

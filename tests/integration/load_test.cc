@@ -104,5 +104,37 @@ TEST(BenchChaos, KilledWorkersFailTheirJobCleanlyAndNoResultIsWrong) {
   EXPECT_NE(run.out.find("was lost"), std::string::npos) << run.out;
 }
 
+// Beside a job whose reducers are killed: a job whose rank 0 says after
+// every op that every rank has the results below 2^40 (each reducer bounds
+// that by what it knows, so the job's ops complete exactly), and 32 slow
+// HTTP clients dripping requests to every reducer (the /healthz probes are
+// still answered).
+TEST(BenchChaos, ALyingRankAndSlowHttpClientsDisturbNeitherTheJobsNorTheProbes) {
+  TempDir tmp;
+  ASSERT_TRUE(tmp.ok());
+  const BenchRun run = run_bench(tmp.path(),
+                                 {"chaos", "-W", "2", "-S", "1", "-G", "2", "-T", "5", "-K", "2",
+                                  "-b", "64K", "--liar", "--slow-http", "32"},
+                                 120s);
+  ASSERT_TRUE(run.status.has_value());
+  EXPECT_EQ(*run.status, 0) << run.out << run.err;
+  const LoadRow row = load_row(run.out);
+  ASSERT_TRUE(row.found) << run.out;
+  EXPECT_GT(row.completed, 0u) << run.out;
+  EXPECT_EQ(row.failed, 0u) << run.out;
+  EXPECT_EQ(row.wrong, 0u) << run.out;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(
+      run.out, m,
+      std::regex(R"(# liar: .*groups 0 and 1\), ([0-9]+) ops exact, .*; ([0-9]+) wrong)")))
+      << run.out;
+  EXPECT_GT(std::stoull(m[1]), 0u) << run.out;
+  EXPECT_EQ(std::stoull(m[2]), 0u) << run.out;
+  ASSERT_TRUE(std::regex_search(run.out, m, std::regex(R"(# probes: ([0-9]+) of /healthz)")))
+      << run.out;
+  EXPECT_GT(std::stoull(m[1]), 0u) << run.out;
+  EXPECT_NE(run.out.find("# slow HTTP clients: 32 dripping"), std::string::npos) << run.out;
+}
+
 }  // namespace
 }  // namespace tally::testing

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "tally/bench/metrics_scrape.h"
+#include "tally/bench/slow_http.h"
 #include "tally/reducer/http_server.h"
 #include "tally/reducer/metrics.h"
 
@@ -283,62 +284,6 @@ TEST(HttpServer, OneSourceHoldsAtMostItsShare) {
   ASSERT_TRUE(body) << body.status().to_string();
 }
 
-// Slow clients that drip a request a byte at a time from `sources`
-// (127.0.0.x addresses), reopening each connection the server cuts, so
-// that they always hold what they can. Runs on its own thread until
-// stopped, at most 60 s.
-class Drippers {
- public:
-  Drippers(const std::string& address, const std::vector<std::string>& sources) {
-    auto hp = parse_host_port(address);
-    thread_ = std::thread([this, port = hp->port, sources] {
-      std::vector<int> fds(sources.size(), -1);
-      const auto until = std::chrono::steady_clock::now() + 60s;
-      while (!stop_ && std::chrono::steady_clock::now() < until) {
-        for (size_t i = 0; i < fds.size(); ++i) {
-          if (fds[i] < 0) fds[i] = open_from(sources[i], port);
-          if (fds[i] < 0) continue;
-          // One byte of a request line that never ends.
-          if (send(fds[i], "G", 1, MSG_NOSIGNAL | MSG_DONTWAIT) != 1) {
-            close(fds[i]);
-            fds[i] = -1;
-            ++cut;
-          }
-        }
-        std::this_thread::sleep_for(50ms);
-      }
-      for (int fd : fds) {
-        if (fd >= 0) close(fd);
-      }
-    });
-  }
-  ~Drippers() {
-    stop_ = true;
-    thread_.join();
-  }
-  std::atomic<int> cut{0};
-
- private:
-  static int open_from(const std::string& source, uint16_t port) {
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in from{};
-    from.sin_family = AF_INET;
-    inet_pton(AF_INET, source.c_str(), &from.sin_addr);
-    sockaddr_in to{};
-    to.sin_family = AF_INET;
-    to.sin_port = htons(port);
-    to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (bind(fd, reinterpret_cast<sockaddr*>(&from), sizeof(from)) != 0 ||
-        connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof(to)) != 0) {
-      close(fd);
-      return -1;
-    }
-    return fd;
-  }
-  std::atomic<bool> stop_{false};
-  std::thread thread_;
-};
-
 // At the server's defaults, slow clients cannot starve a probe: 48 of
 // them from 40 sources (8 more from one of those) drip their requests and
 // reopen what is cut, and a kubelet-style probe (1 s timeout) from
@@ -351,9 +296,9 @@ TEST(HttpServer, SlowClientsCannotStarveAProbe) {
   std::vector<std::string> sources;
   for (int i = 2; i < 42; ++i) sources.push_back("127.0.0." + std::to_string(i));
   for (int i = 0; i < 8; ++i) sources.push_back("127.0.0.2");
-  Drippers drippers(s.address, sources);
+  bench::SlowHttpClients drippers({s.address}, sources, 60s);
   // Until the drippers hold the server: some of theirs were cut already.
-  ASSERT_TRUE(eventually_ok([&] { return drippers.cut.load() >= 8; }));
+  ASSERT_TRUE(eventually_ok([&] { return drippers.cut() >= 8; }));
   for (int probe = 0; probe < 10; ++probe) {
     auto body = bench::http_get(s.address, "/hello", 1s);
     ASSERT_TRUE(body) << "probe " << probe << ": " << body.status().to_string();
