@@ -192,7 +192,6 @@ void Job::fail_op_locked(uint64_t op, const Status& status, const std::vector<ui
   chunks_.erase(first, last);
   op_timings_.forget(op);
   early_.drop_op(op);
-  straggler_logged_.erase(op);
   spdlog::warn("job '{}' shard {} group {} op {} failed: {}", name(), settings_.shard,
                settings_.group, op, status.to_string());
   for (auto& m : members_locked()) m->send_control(message);
@@ -446,7 +445,6 @@ void Job::finish(const std::shared_ptr<Chunk>& chunk) {
     auto it = chunks_.find({chunk->op(), chunk->index()});
     if (it == chunks_.end() || it->second != chunk) return;  // failed meanwhile
     chunks_.erase(it);
-    straggler_logged_.erase(chunk->op());
     if (participants_.size() > 1 && chunk->replayed() && chunk->op() >= marks_.group_mark()) {
       round_.finished_final({chunk->op(), chunk->index()});
     }

@@ -79,7 +79,6 @@ void Job::start_round_locked(uint64_t round, const std::string& why) {
   chunks_.clear();
   early_.clear();
   op_timings_.clear();
-  straggler_logged_.clear();
   // Every member sends its ops in flight again on a new stream: chunks
   // this round has no result of as contributions, the others as replays.
   auto rejoin = std::make_shared<wire::Control>();

@@ -48,7 +48,7 @@ size_t Job::sweep(Clock::time_point now) {
         ++straggling_ranks;
       }
     }
-    if (!timed_out && straggler_logged_.count(key.first)) continue;  // logged once per op
+    if (!timed_out && !op_timings_.first_straggle(key.first)) continue;  // logged once
     if (timed_out) {
       Overdue& o = overdue[key.first];
       if (o.marked.empty()) o.marked.resize(settings_.world_size, false);
@@ -61,7 +61,6 @@ size_t Job::sweep(Clock::time_point now) {
       if (!note.empty()) o.note = note;
       if (replica && !o.replica) o.replica = replica;
     } else {
-      straggler_logged_.insert(key.first);
       const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(age).count();
       if (replica) {
         spdlog::warn("job '{}' shard {} op {} chunk {}: still waiting for {} after {} ms", name(),

@@ -31,9 +31,18 @@ const OpTimings::Op* OpTimings::find(uint64_t op) const {
   return it == ops_.end() ? nullptr : &it->second;
 }
 
+bool OpTimings::first_straggle(uint64_t op) {
+  auto it = ops_.find(op);
+  if (it == ops_.end() || it->second.straggle_logged) return false;
+  it->second.straggle_logged = true;
+  return true;
+}
+
 std::optional<OpTimings::Clock::time_point> OpTimings::chunk_finished(uint64_t op) {
   auto it = ops_.find(op);
-  if (it == ops_.end() || ++it->second.finished < it->second.expected) return std::nullopt;
+  if (it == ops_.end()) return std::nullopt;
+  it->second.straggle_logged = false;
+  if (++it->second.finished < it->second.expected) return std::nullopt;
   const Clock::time_point began = it->second.began;
   ops_.erase(it);
   return began;

@@ -47,6 +47,19 @@ TEST(OpTimings, AnOpEndsWithItsLastChunkOnThisShard) {
   EXPECT_EQ(timings.chunk_finished(5), std::nullopt) << "an op not tracked is not measured";
 }
 
+TEST(OpTimings, AStragglingOpIsLoggedOnceUntilOneOfItsChunksFinishes) {
+  OpTimings timings;
+  const auto now = OpTimings::Clock::now();
+  EXPECT_FALSE(timings.first_straggle(4)) << "an op not tracked is not logged";
+  timings.began(4, now, /*chunks_on_shard=*/3, /*rank=*/0);
+  EXPECT_TRUE(timings.first_straggle(4));
+  EXPECT_FALSE(timings.first_straggle(4));
+  EXPECT_EQ(timings.chunk_finished(4), std::nullopt);
+  EXPECT_TRUE(timings.first_straggle(4)) << "its next chunk may straggle for a new reason";
+  timings.forget(4);
+  EXPECT_FALSE(timings.first_straggle(4));
+}
+
 TEST(OpTimings, TheLowestOpIsForgottenPastTheCapacity) {
   OpTimings timings(/*capacity=*/2);
   const auto now = OpTimings::Clock::now();

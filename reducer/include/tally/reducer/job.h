@@ -296,7 +296,6 @@ class Job : public std::enable_shared_from_this<Job> {
   std::map<ChunkKey, std::shared_ptr<Chunk>> chunks_;
   FailedOps failed_ops_;
   OpTimings op_timings_;
-  std::set<uint64_t> straggler_logged_;  // ops sweep() has logged as straggling
   // Received marks, by rank and by group (the ranks that ever joined
   // here are its ranks()).
   ReleaseMarks marks_;

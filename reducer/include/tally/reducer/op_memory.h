@@ -39,8 +39,9 @@ class FailedOps {
 };
 
 // The ops with chunks in flight here: when the first began, who sent it,
-// and how many of the chunks this shard gets are finished (for the
-// op-latency histogram, and the check that every rank cut the op alike).
+// how many of the chunks this shard gets are finished (for the op-latency
+// histogram, and the check that every rank cut the op alike), and whether
+// sweep() has logged it as straggling.
 class OpTimings {
  public:
   using Clock = std::chrono::steady_clock;
@@ -53,6 +54,7 @@ class OpTimings {
     uint64_t expected = 0;    // the first contribution's chunks_on_shard
     uint32_t first_rank = 0;  // who sent it
     uint64_t finished = 0;
+    bool straggle_logged = false;  // since its last chunk finished
   };
   // The first chunk of `op` arrived (ignored if it is tracked already). A
   // forgotten op goes unmeasured, never miscounted as failed.
@@ -62,6 +64,10 @@ class OpTimings {
   // One of `op`'s chunks was finished here: when the op began, if that was
   // its last chunk (it is then forgotten).
   std::optional<Clock::time_point> chunk_finished(uint64_t op);
+  // Whether a straggling chunk of `op` is the first one to log since the
+  // op began or its last chunk finished (then it is not, until the next
+  // chunk finishes); false for an op not tracked.
+  bool first_straggle(uint64_t op);
   void forget(uint64_t op) { ops_.erase(op); }
   void clear() { ops_.clear(); }
 
