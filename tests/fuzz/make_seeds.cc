@@ -292,5 +292,34 @@ int main(int argc, char** argv) {
   write(rs, "after_job_replica_error", live(6, replica_error("fuzz-r", false).SerializeAsString()));
   write(rs, "after_challenge_auth_response",
         live(7, every_message()[3].second.SerializeAsString()));
+
+  // job_rounds: actions (job_rounds_fuzz.cc), each an opcode, a rank and
+  // its arguments.
+  const fs::path jr = root / "job_rounds";
+  std::string ops;
+  for (uint8_t op = 0; op < 3; ++op) {
+    for (uint8_t r = 0; r < 4; ++r) ops += std::string{0, static_cast<char>(r)};
+  }
+  std::string deliveries;
+  for (int i = 0; i < 12; ++i) deliveries += std::string{3, 0, 0};
+  for (uint8_t g = 0; g < 2; ++g) {
+    for (int i = 0; i < 3; ++i) deliveries += std::string{6, 0, static_cast<char>(g)};
+  }
+  std::string marks;
+  for (uint8_t r = 0; r < 4; ++r) marks += std::string{7, static_cast<char>(r), 1, 0};
+  write(jr, "honest_ops", ops + deliveries + marks + deliveries);
+  // Group 0 hears group 1 is back: a new round; every rank resumes and
+  // resends once Released.
+  std::string rejoin;
+  for (uint8_t r = 0; r < 4; ++r) rejoin += std::string{9, static_cast<char>(r), 1};
+  write(jr, "new_round_resume",
+        ops + std::string{14, 0, 0} + deliveries + rejoin + deliveries + deliveries + ops +
+            deliveries);
+  // Lies: a contribution of another op, a mark of 2^40, a forged round and
+  // mark, time passing.
+  write(jr, "lies",
+        ops + std::string{10, 1, 2, 5, 0} + std::string{11, 2, 40, 0, 40, 0} +
+            std::string{13, 0, 0, 1, 1, 40, 0} + std::string{13, 3, 1, 20, 0} + deliveries +
+            std::string{15, 0, 50} + std::string{12, 3} + ops + deliveries);
   return 0;
 }

@@ -17,6 +17,8 @@
 namespace tally {
 namespace {
 
+using job_testing::QueuedPartial;
+using job_testing::QueueMesh;
 using job_testing::RecordingMember;
 
 // ---------------------------------------------------------------------------
@@ -26,40 +28,6 @@ using job_testing::RecordingMember;
 // chosen here rather than by threads.
 
 namespace groups {
-
-struct QueuedPartial {
-  uint32_t from, to;
-  FrameHeader header;
-  std::shared_ptr<Slab> slab;
-  size_t offset;
-  ReplicaMesh::SendDone done;
-};
-
-class QueueMesh : public ReplicaMesh {
- public:
-  QueueMesh(std::vector<QueuedPartial>& wire, uint32_t self) : wire_(wire), self_(self) {}
-  void send_partial(uint32_t group, const FrameHeader& header, std::shared_ptr<Slab> slab,
-                    size_t byte_offset, std::chrono::steady_clock::time_point,
-                    std::function<bool()>, SendDone done) override {
-    std::lock_guard lock(mu_);
-    wire_.push_back({self_, group, header, std::move(slab), byte_offset, std::move(done)});
-  }
-  void send_control(uint32_t group, std::shared_ptr<const wire::Control> message) override {
-    std::lock_guard lock(mu_);
-    controls.emplace_back(group, *message);
-  }
-  std::optional<Status> lost(uint32_t) const override { return std::nullopt; }
-  std::string describe(uint32_t group) const override {
-    return "replica group " + std::to_string(group);
-  }
-
-  std::vector<std::pair<uint32_t, wire::Control>> controls;
-
- private:
-  std::mutex mu_;
-  std::vector<QueuedPartial>& wire_;
-  uint32_t self_;
-};
 
 // World 5 in groups {0,1}, {2,3}, {4}; one chunk of `count` floats.
 struct Pool {
