@@ -148,7 +148,7 @@ case "$cmd" in
     # each fuzzing for TALLY_FUZZ_SECONDS (CI's time budget; the longer run
     # is documented there) and replaying its committed seeds.
     CC=clang CXX=clang++ BUILD_TARGETS=tally_fuzz build build-fuzz -DTALLY_FUZZ=ON
-    cmake -S . -B build-fuzz -DTALLY_FUZZ_SECONDS="${TALLY_FUZZ_SECONDS:-30}" >/dev/null
+    cmake -S . -B build-fuzz -DTALLY_FUZZ_SECONDS="${TALLY_FUZZ_SECONDS:-20}" >/dev/null
     run_tests build-fuzz -L fuzz
     ;;
   *)
