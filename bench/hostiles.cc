@@ -67,7 +67,8 @@ int Hostiles::finish() {
   if (most_in_a_row_ >= 3) verdict = 1;  // a liveness probe would have restarted it
   if (options_.slow_http > 0) {
     std::printf("# slow HTTP clients: %u dripping requests from %u sources, %d connections cut\n",
-                options_.slow_http, std::min(options_.slow_http, 200u), cut);
+                options_.slow_http,
+                std::min<uint32_t>(options_.slow_http, SlowHttpClients::kDistinctSources), cut);
   }
   if (options_.liar) {
     std::printf("# liar: a job of 2 ranks (%s), %" PRIu64

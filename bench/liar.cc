@@ -1,17 +1,10 @@
 #include "liar.h"
 
-#include <netdb.h>
-#include <poll.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
-#include <array>
-#include <cstring>
 #include <optional>
 
 #include "tally.pb.h"
 #include "tally/bench/pattern.h"
-#include "tally/protocol/address.h"
+#include "tally/bench/raw_peer.h"
 #include "tally/protocol/control.h"
 #include "tally/protocol/frame.h"
 
@@ -24,99 +17,25 @@ using std::chrono::milliseconds;
 constexpr uint64_t kLie = uint64_t{1} << 40;
 constexpr uint64_t kCount = 1024;  // float32 elements of each op, one chunk
 
-// One stream to a reducer, read and written with deadlines; every wait
-// also ends when `stop` is set.
-class RawStream {
- public:
-  explicit RawStream(const std::atomic<bool>& stop) : stop_(stop) {}
-  ~RawStream() {
-    if (fd_ >= 0) close(fd_);
-  }
-
-  std::optional<std::string> connect_to(const std::string& address) {
-    auto hp = parse_host_port(address);
-    if (!hp) return hp.status().message();
-    addrinfo hints{};
-    hints.ai_socktype = SOCK_STREAM;
-    addrinfo* found = nullptr;
-    if (getaddrinfo(hp->host.c_str(), std::to_string(hp->port).c_str(), &hints, &found) != 0 ||
-        !found) {
-      return "cannot resolve " + address;
-    }
-    fd_ = socket(found->ai_family, SOCK_STREAM, 0);
-    const bool connected = fd_ >= 0 && connect(fd_, found->ai_addr, found->ai_addrlen) == 0;
-    freeaddrinfo(found);
-    if (!connected) return "cannot connect to " + address + ": " + std::strerror(errno);
-    timeval send_timeout{5, 0};
-    setsockopt(fd_, SOL_SOCKET, SO_SNDTIMEO, &send_timeout, sizeof(send_timeout));
-    return std::nullopt;
-  }
-
-  bool send_frame(FrameHeader h, const std::string& payload) {
-    h.length = payload.size();
-    const EncodedHeader header = encode_header(h);
-    return send_all(header.data(), header.size()) && send_all(payload.data(), payload.size());
-  }
-  bool send_control(const wire::Control& message) {
-    return send_frame(FrameHeader{}, message.SerializeAsString());
-  }
-
-  struct Frame {
-    FrameHeader header;
-    std::string payload;
-  };
-  // The next frame, or why there is none by `deadline`.
-  std::optional<Frame> read_frame(Clock::time_point deadline, std::string& why) {
-    std::array<std::byte, kFrameHeaderBytes> bytes;
-    if (!read_exact(bytes.data(), bytes.size(), deadline, why)) return std::nullopt;
-    auto h = decode_header(bytes, FrameLimits{.max_data_bytes = 4 * kCount * sizeof(float)});
-    if (!h) {
-      why = "undecodable frame from the reducer: " + h.status().message();
+// The next frame from `peer`, or why there is none: "stream closed",
+// "timeout" at `deadline`, or "" once `stop` is set (it is looked at every
+// 100 ms).
+std::optional<RawPeer::Frame> next_frame(RawPeer& peer, Clock::time_point deadline,
+                                         const std::atomic<bool>& stop, std::string& why) {
+  while (!stop) {
+    if (auto frame = peer.read_frame(milliseconds(100))) return frame;
+    if (peer.ended()) {
+      why = "stream closed";
       return std::nullopt;
     }
-    Frame frame{*h, std::string(h->length, '\0')};
-    if (!read_exact(frame.payload.data(), frame.payload.size(), deadline, why)) return std::nullopt;
-    return frame;
-  }
-
- private:
-  bool send_all(const void* data, size_t n) {
-    const char* p = static_cast<const char*>(data);
-    while (n > 0) {
-      const ssize_t sent = send(fd_, p, n, MSG_NOSIGNAL);
-      if (sent <= 0) return false;
-      p += sent;
-      n -= static_cast<size_t>(sent);
+    if (Clock::now() >= deadline) {
+      why = "timeout";
+      return std::nullopt;
     }
-    return true;
   }
-  bool read_exact(void* data, size_t n, Clock::time_point deadline, std::string& why) {
-    char* p = static_cast<char*>(data);
-    while (n > 0) {
-      if (stop_) {
-        why.clear();
-        return false;
-      }
-      if (Clock::now() >= deadline) {
-        why = "timeout";
-        return false;
-      }
-      pollfd in{fd_, POLLIN, 0};
-      if (poll(&in, 1, 100) <= 0) continue;
-      const ssize_t got = recv(fd_, p, n, 0);
-      if (got <= 0) {
-        why = "stream closed";
-        return false;
-      }
-      p += got;
-      n -= static_cast<size_t>(got);
-    }
-    return true;
-  }
-
-  const std::atomic<bool>& stop_;
-  int fd_ = -1;
-};
+  why.clear();
+  return std::nullopt;
+}
 
 // What a control frame from the reducer means to a rank: nothing (go on
 // reading), or why the incarnation ends ("<kind>: <message>"): an error
@@ -176,12 +95,15 @@ void Liar::run() {
 std::string Liar::incarnation(uint64_t n) {
   const std::string job = options_.job_prefix + "-liar-" + std::to_string(n);
   const uint32_t groups[2] = {0, options_.two_groups ? 1u : 0u};
-  std::vector<std::unique_ptr<RawStream>> ranks;
+  std::vector<std::unique_ptr<RawPeer>> ranks;
   std::vector<std::string> nonces;
   for (uint32_t r = 0; r < 2; ++r) {
-    ranks.push_back(std::make_unique<RawStream>(stop_));
     const std::string& address = r == 0 ? options_.rank0_address : options_.rank1_address;
-    if (auto why = ranks[r]->connect_to(address)) return "connect: " + *why;
+    try {
+      ranks.push_back(std::make_unique<RawPeer>(address));
+    } catch (const std::exception& e) {
+      return "connect: " + address + ": " + e.what();
+    }
     wire::Control hello;
     auto* h = hello.mutable_hello();
     h->set_protocol_version(kProtocolVersion);
@@ -197,14 +119,14 @@ std::string Liar::incarnation(uint64_t n) {
     }
     nonces.push_back(make_nonce());
     h->set_auth_nonce(nonces[r]);
-    if (!ranks[r]->send_control(hello)) return "connect: hello not sent";
+    ranks[r]->send_control(hello);
   }
   // The handshake: the challenge answered, then the Welcome.
   for (uint32_t r = 0; r < 2; ++r) {
     const auto deadline = Clock::now() + milliseconds(10000);
     for (bool welcomed = false; !welcomed;) {
       std::string why;
-      auto frame = ranks[r]->read_frame(deadline, why);
+      auto frame = next_frame(*ranks[r], deadline, stop_, why);
       if (!frame) return why.empty() ? "" : "handshake: " + why;
       auto message = parse_control(std::as_bytes(std::span(frame->payload)));
       if (frame->header.kind != FrameKind::kControl || !message) continue;
@@ -214,7 +136,7 @@ std::string Liar::incarnation(uint64_t n) {
         answer.mutable_auth_response()->set_mac(
             auth_mac(options_.secret, AuthRole::kWorker, message->auth_challenge().nonce(),
                      nonces[r], auth_identity(job, r, 2, groups[r])));
-        if (!ranks[r]->send_control(answer)) return "handshake: answer not sent";
+        ranks[r]->send_control(answer);
       }
       welcomed = message->has_welcome();
     }
@@ -229,17 +151,15 @@ std::string Liar::incarnation(uint64_t n) {
       h.op = op;
       h.count = kCount;
       h.chunks_on_shard = 1;
+      h.length = kCount * sizeof(float);
       fill_pattern(input.data(), kCount, r, op);
-      if (!ranks[r]->send_frame(h, std::string(reinterpret_cast<const char*>(input.data()),
-                                               kCount * sizeof(float)))) {
-        return "stream closed: sending op " + std::to_string(op);
-      }
+      ranks[r]->send_frame(h, std::string(reinterpret_cast<const char*>(input.data()), h.length));
     }
     for (uint32_t r = 0; r < 2; ++r) {
       const auto deadline = Clock::now() + milliseconds(options_.op_timeout_ms + 5000);
       for (bool done = false; !done;) {
         std::string why;
-        auto frame = ranks[r]->read_frame(deadline, why);
+        auto frame = next_frame(*ranks[r], deadline, stop_, why);
         if (!frame) {
           if (why == "timeout") why = "no result";
           return why.empty() ? "" : why + ": op " + std::to_string(op);
@@ -266,8 +186,7 @@ std::string Liar::incarnation(uint64_t n) {
     wire::Control received;
     received.mutable_received()->set_op_below(op + 1);
     received.mutable_received()->set_released_below(kLie);
-    if (!ranks[0]->send_control(received))
-      return "stream closed: lying after op " + std::to_string(op);
+    ranks[0]->send_control(received);
     std::lock_guard lock(mu_);
     counts_.ops++;
   }

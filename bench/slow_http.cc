@@ -75,7 +75,8 @@ uint16_t SlowHttpClients::port_for(size_t client) {
 
 std::vector<std::string> SlowHttpClients::sources(size_t n) {
   std::vector<std::string> out;
-  for (size_t i = 0; i < n; ++i) out.push_back("127.0.0." + std::to_string(2 + i % 200));
+  for (size_t i = 0; i < n; ++i)
+    out.push_back("127.0.0." + std::to_string(2 + i % kDistinctSources));
   return out;
 }
 

@@ -30,8 +30,9 @@ class SlowHttpClients {
   // Connections the servers have cut (or refused) so far.
   int cut() const { return cut_.load(); }
 
-  // `n` sources 127.0.0.2, 127.0.0.3, ... (at most 200 distinct, then
+  // `n` sources 127.0.0.2, 127.0.0.3, ... (at most kDistinctSources, then
   // again from the first).
+  static constexpr size_t kDistinctSources = 200;
   static std::vector<std::string> sources(size_t n);
 
  private:

@@ -1,4 +1,4 @@
-#include "raw_peer.h"
+#include "tally/bench/raw_peer.h"
 
 #include <array>
 #include <boost/asio/connect.hpp>
@@ -9,7 +9,7 @@
 #include "tally/protocol/chunking.h"
 #include "tally/protocol/tcp_transport.h"
 
-namespace tally::testing {
+namespace tally::bench {
 
 namespace asio = boost::asio;
 using asio::ip::tcp;
@@ -89,7 +89,10 @@ bool RawPeer::read_until(const std::function<bool()>& done, std::chrono::millise
       std::this_thread::sleep_for(5ms);
       continue;
     }
-    if (ec) return true;  // eof or reset
+    if (ec) {  // eof or reset
+      ended_ = true;
+      return true;
+    }
     received->append(buf, n);
   }
   return false;
@@ -160,4 +163,4 @@ wire::Control raw_replica_hello() {
   return m;
 }
 
-}  // namespace tally::testing
+}  // namespace tally::bench
