@@ -67,8 +67,11 @@ step "run the consumers as two ranks"
 run_pair cpp "$scratch/consumer/consumer_cpp"
 # libtally.so, found through the installed tree's lib (the consumer's RPATH
 # names it too; LD_LIBRARY_PATH as a user without one would set it).
-ldd "$scratch/consumer/consumer_cpp_shared" | grep -q "$prefix/lib/libtally.so" ||
-  { echo "consumer_cpp_shared does not load the installed libtally.so:"; ldd "$scratch/consumer/consumer_cpp_shared"; exit 1; }
+# ldd's output is read whole first: `ldd | grep -q` under pipefail fails when
+# grep exits at its match and ldd, still writing, dies of SIGPIPE.
+libs=$(ldd "$scratch/consumer/consumer_cpp_shared")
+grep -q "$prefix/lib/libtally.so" <<<"$libs" ||
+  { echo "consumer_cpp_shared does not load the installed libtally.so:"; echo "$libs"; exit 1; }
 run_pair cpp-shared "$scratch/consumer/consumer_cpp_shared" "$prefix/lib"
 run_pair c "$scratch/consumer/consumer_c"
 run_pair c-pkg-config "$scratch/consumer_c_pc" "$prefix/lib"
