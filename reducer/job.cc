@@ -78,7 +78,11 @@ Job::Job(JobSettings settings, std::shared_ptr<SlabQuota> quota, ReducerCounters
   TALLY_CHECK(participants_.size() == 1 || mesh_ != nullptr);
 }
 
-Job::~Job() = default;
+// Slabs still out (a provider holding one after its stream was given up)
+// keep themselves out of the pool, not the job's whole reservation.
+Job::~Job() {
+  if (quota_) quota_->retire();
+}
 
 size_t Job::quota_slabs(uint32_t window, size_t participants) {
   const size_t receives = butterfly_max_receives(static_cast<uint32_t>(participants));
@@ -298,11 +302,11 @@ PayloadAction Job::on_contribution_header(const std::shared_ptr<JobMember>& memb
   pending.role = chunk->accept(h.rank, member.get(), slab, replay);
   pending.chunk = std::move(chunk);
   pending.slab = std::move(slab);
-  if (replay) return PayloadAction::receive(pending.slab->first(frame.length));
+  if (replay) return PayloadAction::receive(pending.slab->first(frame.length), pending.slab);
   // The accumulator of a 16-bit chunk takes its payload in its upper half
   // and widens it in place (kernels.h).
   const size_t at = pending.role == SlabRole::kAccumulator ? payload_offset(h.dtype, h.length) : 0;
-  return PayloadAction::receive(pending.slab->first(at + h.length).subspan(at));
+  return PayloadAction::receive(pending.slab->first(at + h.length).subspan(at), pending.slab);
 }
 
 std::shared_ptr<Chunk> Job::chunk_for_locked(const FrameHeader& h) {

@@ -189,7 +189,7 @@ PayloadAction Job::on_partial_header(uint32_t from_group, const FrameHeader& h,
   pending.slab = std::move(slab);
   pending.from_group = from_group;
   pending.round = round_.number();
-  return PayloadAction::receive(pending.slab->first(h.length));
+  return PayloadAction::receive(pending.slab->first(h.length), pending.slab);
 }
 
 bool Job::stale_partial_locked(const FrameHeader& h) const {

@@ -2,6 +2,7 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
@@ -72,6 +73,7 @@ SlabQuota::~SlabQuota() { pool_->give_back(reserved_); }
 
 std::shared_ptr<Slab> SlabQuota::try_take(std::function<void()> waiter) {
   std::lock_guard lock(mu_);
+  if (retired_) return nullptr;
   if (free_.empty()) {
     waiters_.push_back(std::move(waiter));
     return nullptr;
@@ -87,12 +89,30 @@ size_t SlabQuota::in_use() const {
   return reserved_.size() - free_.size();
 }
 
+void SlabQuota::retire() {
+  std::lock_guard lock(mu_);
+  if (retired_) return;
+  retired_ = true;
+  waiters_.clear();
+  std::erase_if(reserved_, [&](std::byte* slab) {
+    return std::find(free_.begin(), free_.end(), slab) != free_.end();
+  });
+  pool_->give_back(free_);
+  free_.clear();
+}
+
 void SlabQuota::give(std::byte* data) {
   // Wake every waiter: one that was woken but has closed meanwhile must not
   // swallow the wake-up of the others; the losers simply wait again.
   std::deque<std::function<void()>> wake;
   {
     std::lock_guard lock(mu_);
+    if (retired_) {
+      std::erase(reserved_, data);
+      pool_->give_back({data});
+      pool_->in_use_.fetch_sub(1, std::memory_order_relaxed);
+      return;
+    }
     free_.push_back(data);
     wake.swap(waiters_);
     pool_->in_use_.fetch_sub(1, std::memory_order_relaxed);

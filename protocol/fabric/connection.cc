@@ -98,15 +98,17 @@ void FabricConnection::close(const Status& reason) {
   control_->close(reason);
   paused_ = true;  // take no more headers
   // Posts still waiting for -FI_EAGAIN to clear never reached libfabric.
-  for (auto& p : pending_) {
+  // Each op goes after its callback, which takes it (op_finished).
+  std::deque<Post> never_posted = std::move(pending_);
+  pending_.clear();
+  for (auto& p : never_posted) {
     if (p.op) {
       ops_.erase(p.op);
       auto done = std::move(p.op->done);
-      endpoint_->drop_op(p.op);
       if (done) done(Status(ErrorCode::kCancelled, "never posted"), 0);
+      endpoint_->drop_op(p.op);
     }
   }
-  pending_.clear();
   if (endpoint_) {
     for (Op* op : ops_) fi_cancel(&endpoint_->ep()->fid, &op->ctx);
     endpoint_->kick();
@@ -116,8 +118,10 @@ void FabricConnection::close(const Status& reason) {
   grace_.async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
     if (ec) return;
     if (!self->ops_.empty()) {
-      spdlog::warn("fabric stream to {}: {} operation(s) did not finish within {} ms of close",
-                   self->peer(), self->ops_.size(), kCloseGrace.count());
+      spdlog::warn(
+          "fabric stream to {}: {} operation(s) did not finish within {} ms of close; the "
+          "memory they read or write is kept until the provider lets them go",
+          self->peer(), self->ops_.size(), kCloseGrace.count());
     }
     self->finish_close();
   });
@@ -181,6 +185,7 @@ void FabricConnection::abandon() {
   finished_ = true;
   ops_.clear();
   pending_.clear();
+  sending_.clear();
   rx_.clear();
   waiting_.clear();
   handler_.reset();
@@ -233,6 +238,7 @@ bool FabricConnection::retry_posts() {
 }
 
 void FabricConnection::op_finished(Op* op) {
+  op->keep.reset();  // its completion is read: the provider has let go
   ops_.erase(op);
   if (closed_ && ops_.empty() && !finished_) {
     grace_.cancel();
@@ -267,6 +273,7 @@ void FabricConnection::send_fabric(const FrameHeader& header, std::span<const st
       if (!s.is_ok() && !self->closed_)
         self->close(s.with_context("sending a header to " + self->peer()));
     };
+    op->keep = encoded;
     submit(op, [ep, encoded, to, htag, op] {
       return fi_tsend(ep, encoded->data(), encoded->size(), nullptr, to, htag, &op->ctx);
     });
@@ -293,6 +300,7 @@ void FabricConnection::send_fabric(const FrameHeader& header, std::span<const st
     state->done(desc.status());
     return close(desc.status().with_context("registering a send buffer"));
   }
+  sending_.insert(state);
   for (uint64_t i = 0; i < fragments; ++i) {
     const size_t off = i * fragment_bytes;
     const size_t len = std::min(fragment_bytes, payload.size() - off);
@@ -302,15 +310,17 @@ void FabricConnection::send_fabric(const FrameHeader& header, std::span<const st
       self->op_finished(op);
       if (!s.is_ok() && state->failure.is_ok()) state->failure = s;
       if (--state->left > 0) return;
+      self->sending_.erase(state);
       for (auto* e : state->mrs) self->endpoint_->mr().release(e);
-      if (state->done) {
-        auto d = std::move(state->done);
-        d(state->failure.is_ok() ? Status::ok()
-                                 : state->failure.with_context("sending to " + self->peer()));
-      }
+      state->finish(state->failure.is_ok()
+                        ? Status::ok()
+                        : state->failure.with_context("sending to " + self->peer()));
+      state->done = nullptr;  // nothing reads the payload now: its owner may go
       if (!state->failure.is_ok() && !self->closed_)
         self->close(state->failure.with_context("sending to " + self->peer()));
     };
+    // The payload's owner is the caller's `done`, which the state holds.
+    op->keep = state;
     const std::byte* buf = payload.data() + off;
     void* d = *desc;
     submit(op,
@@ -321,7 +331,13 @@ void FabricConnection::finish_close() {
   if (finished_) return;
   finished_ = true;
   // Whatever libfabric still holds is abandoned: its completions find
-  // nothing to call back.
+  // nothing to call back, and each keeps its memory (Op::keep) until then.
+  // A send's caller is answered now all the same (a worker's op waits for
+  // its sends before it ends): the payload's owner, in `done`, stays with
+  // the ops.
+  auto sending = std::move(sending_);
+  sending_.clear();
+  for (auto& state : sending) state->finish(close_reason_);
   for (Op* op : ops_) op->done = nullptr;
   ops_.clear();
   for (auto& [key, rx] : rx_) release(rx);

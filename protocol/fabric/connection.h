@@ -84,12 +84,18 @@ class FabricConnection final : public Connection,
 
   // A payload receive: posted ahead by the owner, or chosen when its
   // header arrived.
+  // Memory libfabric writes a payload into: its ops hold it (Op::keep).
+  using Landing = std::shared_ptr<std::vector<std::byte>>;
+
   struct Rx {
     std::span<std::byte> dst;
-    std::vector<std::byte> scratch;  // discarded payloads land here
+    // What keeps `dst` alive (PayloadAction::owner): held by the receive's
+    // ops for as long as the provider may write into it.
+    std::shared_ptr<const void> owner;
+    Landing scratch;  // discarded payloads land here
     // A posted receive's payload lands here, and reaches `dst` only whole
     // (transport.h); from spare_landings_.
-    std::vector<std::byte> landing;
+    Landing landing;
     std::optional<FrameHeader> header;
     std::vector<Op*> ops;
     uint32_t fragments_left = 0;
@@ -124,11 +130,21 @@ class FabricConnection final : public Connection,
 
   // --- sending -----------------------------------------------------------
 
+  // A payload being sent: its fragments' ops hold it (Op::keep), and with
+  // it the caller's `done`, which owns the payload.
   struct SendState {
     uint32_t left = 0;
     Status failure;
     SendDone done;
+    bool called = false;  // `done` has run
     std::vector<MrCache::Entry*> mrs;
+    // Runs `done` once; the function object stays (and what it owns)
+    // until the state goes.
+    void finish(const Status& status) {
+      if (called || !done) return;
+      called = true;
+      done(status);
+    }
   };
 
   void send_fabric(const FrameHeader& header, std::span<const std::byte> payload, SendDone done);
@@ -170,7 +186,8 @@ class FabricConnection final : public Connection,
 
   void deliver(const ReceiveKey& key);
 
-  // Gives back what `rx` holds: its registrations, its landing.
+  // Gives back what `rx` holds: its registrations, its landing (for reuse
+  // only where no op of the provider's still holds it).
   void release(Rx& rx);
 
   // Posts receives that waited for room, oldest first.
@@ -206,7 +223,9 @@ class FabricConnection final : public Connection,
 
   uint64_t seq_out_ = 0;
   uint64_t seq_in_ = 0;
-  std::array<EncodedHeader, kHeaderSlots> header_bufs_{};
+  // Held by the header receives posted into them (Op::keep).
+  std::shared_ptr<std::array<EncodedHeader, kHeaderSlots>> header_bufs_ =
+      std::make_shared<std::array<EncodedHeader, kHeaderSlots>>();
   std::array<bool, kHeaderSlots> header_ready_{};
 
   std::unordered_map<ReceiveKey, Rx, ReceiveKeyHash> rx_;
@@ -214,9 +233,12 @@ class FabricConnection final : public Connection,
   std::unordered_set<ReceiveKey, ReceiveKeyHash> consumed_;
   size_t posted_payloads_ = 0;
   // Landings of finished receives, reused (no allocation per payload).
-  std::vector<std::vector<std::byte>> spare_landings_;
+  std::vector<Landing> spare_landings_;
 
   std::unordered_set<Op*> ops_;
+  // Sends not completed yet: a close that gives up on them (finish_close)
+  // still answers their callers.
+  std::unordered_set<std::shared_ptr<SendState>> sending_;
   std::deque<Post> pending_;
 };
 

@@ -70,8 +70,9 @@ void FabricConnection::post_header(uint64_t seq) {
     self->op_finished(op);
     self->on_header(seq, s, n);
   };
+  op->keep = header_bufs_;
   fid_ep* ep = endpoint_->ep();
-  std::byte* buf = header_bufs_[slot].data();
+  std::byte* buf = (*header_bufs_)[slot].data();
   const uint64_t tag = header_tag(stream_, seq);
   const fi_addr_t from = peer_addr_;
   submit(op, [ep, buf, from, tag, op] {
@@ -101,8 +102,8 @@ void FabricConnection::take_headers() {
   } reset{taking_};
   while (!closed_ && !paused_ && !awaiting_ && header_ready_[seq_in_ % kHeaderSlots]) {
     const size_t slot = seq_in_ % kHeaderSlots;
-    auto decoded =
-        decode_header(std::span<const std::byte, kFrameHeaderBytes>(header_bufs_[slot]), limits_);
+    auto decoded = decode_header(
+        std::span<const std::byte, kFrameHeaderBytes>((*header_bufs_)[slot]), limits_);
     if (!decoded) return close(decoded.status().with_context("frame from " + peer()));
     const FrameHeader h = *decoded;
     if (h.kind == FrameKind::kControl) {
@@ -143,6 +144,7 @@ bool FabricConnection::take_header(const FrameHeader& h) {
       Rx& rx = rx_[key];
       rx = Rx{};
       rx.dst = action.dst;
+      rx.owner = std::move(action.owner);
       rx.header = h;
       rx.owed_since = std::chrono::steady_clock::now();
       await(key);
@@ -200,8 +202,8 @@ void FabricConnection::discard_payload(const ReceiveKey& key, const FrameHeader&
   if (h.length == 0) return;
   Rx& rx = rx_[key];
   rx = Rx{};
-  rx.scratch.resize(h.length);
-  rx.dst = rx.scratch;
+  rx.scratch = std::make_shared<std::vector<std::byte>>(h.length);
+  rx.dst = *rx.scratch;
   rx.header = h;
   rx.owed_since = std::chrono::steady_clock::now();
   rx.discard = true;
@@ -219,21 +221,26 @@ void FabricConnection::post_payload(const ReceiveKey& key, Rx& rx) {
                                                 " bytes exceeds the provider's message limits"));
   }
   std::span<std::byte> into = rx.dst;
+  // Whatever the payload lands in stays alive while libfabric may write it.
+  std::shared_ptr<const void> keep = rx.discard ? rx.scratch : rx.owner;
   if (rx.expected) {
     // The smallest spare landing that holds it, or a new one.
     auto fits = spare_landings_.end();
     for (auto it = spare_landings_.begin(); it != spare_landings_.end(); ++it) {
-      if (it->capacity() >= rx.dst.size() &&
-          (fits == spare_landings_.end() || it->capacity() < fits->capacity())) {
+      if ((*it)->capacity() >= rx.dst.size() &&
+          (fits == spare_landings_.end() || (*it)->capacity() < (*fits)->capacity())) {
         fits = it;
       }
     }
     if (fits != spare_landings_.end()) {
       rx.landing = std::move(*fits);
       spare_landings_.erase(fits);
+    } else {
+      rx.landing = std::make_shared<std::vector<std::byte>>();
     }
-    rx.landing.resize(rx.dst.size());
-    into = rx.landing;
+    rx.landing->resize(rx.dst.size());
+    into = *rx.landing;
+    keep = rx.landing;
   }
   auto desc = desc_for(into.data(), into.size(), rx.mrs);
   if (!desc) return close(desc.status().with_context("registering a receive buffer"));
@@ -250,6 +257,7 @@ void FabricConnection::post_payload(const ReceiveKey& key, Rx& rx) {
       self->op_finished(op);
       self->on_payload_fragment(key, op, s, n, len);
     };
+    op->keep = keep;
     rx.ops.push_back(op);
     std::byte* buf = into.data() + off;
     void* d = *desc;
@@ -265,12 +273,19 @@ void FabricConnection::on_payload_fragment(const ReceiveKey& key, Op* op, const 
   if (it == rx_.end()) return;  // closed meanwhile
   Rx& rx = it->second;
   std::erase(rx.ops, op);
+  // A closed stream delivers nothing: a posted destination is left as it
+  // was (its owner may send from it again on a new stream, or free it), and
+  // the landing stays with the ops still out.
+  if (closed_) return;
   last_payload_ = std::chrono::steady_clock::now();
   const bool cancelled_now = !s.is_ok() && s.code() == ErrorCode::kCancelled;
-  if (!s.is_ok() && !cancelled_now && !closed_) {
-    return close(s.with_context("receiving a payload from " + peer()));
+  if (cancelled_now && !rx.cancelled) {
+    return close(Status(ErrorCode::kInternal,
+                        "the provider cancelled a payload receive from " + peer() + " unasked"));
   }
-  if (s.is_ok() && n != expected && !closed_) {
+  if (!s.is_ok() && !cancelled_now)
+    return close(s.with_context("receiving a payload from " + peer()));
+  if (s.is_ok() && n != expected) {
     return close(Status(ErrorCode::kProtocol, "payload fragment of " + std::to_string(n) +
                                                   " bytes from " + peer() + " where " +
                                                   std::to_string(expected) + " were expected"));
@@ -297,7 +312,7 @@ void FabricConnection::settle_cancelled(const ReceiveKey& key) {
 void FabricConnection::deliver(const ReceiveKey& key) {
   auto node = rx_.extract(key);
   Rx& rx = node.mapped();
-  if (rx.expected && !rx.dst.empty()) std::memcpy(rx.dst.data(), rx.landing.data(), rx.dst.size());
+  if (rx.expected && !rx.dst.empty()) std::memcpy(rx.dst.data(), rx.landing->data(), rx.dst.size());
   release(rx);
   if (!rx.discard && !closed_) handler_->on_data(*rx.header, rx.dst);
   refill();
@@ -309,12 +324,16 @@ void FabricConnection::deliver(const ReceiveKey& key) {
 
 void FabricConnection::release(Rx& rx) {
   if (rx.expected && rx.posted && !rx.dst.empty()) posted_payloads_--;
-  for (auto* e : rx.mrs) endpoint_->mr().release(e);
-  rx.mrs.clear();
-  if (rx.landing.capacity() > 0 && spare_landings_.size() < kSpareLandings) {
-    spare_landings_.push_back(std::move(rx.landing));
+  // A receive the provider still holds (a stream closed under it) keeps its
+  // registrations, and its landing is not reused: its ops hold the memory.
+  if (rx.ops.empty()) {
+    for (auto* e : rx.mrs) endpoint_->mr().release(e);
+    if (rx.landing && rx.landing.use_count() == 1 && spare_landings_.size() < kSpareLandings) {
+      spare_landings_.push_back(std::move(rx.landing));
+    }
   }
-  rx.landing = {};
+  rx.mrs.clear();
+  rx.landing.reset();
 }
 
 void FabricConnection::refill() {

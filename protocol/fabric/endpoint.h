@@ -79,6 +79,13 @@ inline uint64_t fragment_count(size_t nbytes, size_t fragment_bytes) {
 struct Op {
   fi_context2 ctx;  // first: libfabric may use it as scratch (FI_CONTEXT2 mode)
   std::function<void(const Status&, size_t)> done;
+  // What owns the memory the provider reads or writes for this op. Let go
+  // when its completion is read or the endpoint closes, never before: a
+  // stream that gives up on the op (FabricConnection::finish_close) drops
+  // `done` only, since a matched receive or a send under way cannot be
+  // withdrawn and completes into (or from) this memory whenever the peer's
+  // bytes move again.
+  std::shared_ptr<const void> keep;
 };
 
 // A stream whose posts the endpoint refused with -FI_EAGAIN: the endpoint

@@ -156,14 +156,14 @@ class RawFabricPeers {
     bool welcomed = false;
     std::optional<Status> closed;
     std::string error;  // an Error the reducer sent
-    std::vector<std::byte> result;
+    std::shared_ptr<std::vector<std::byte>> result;
     bool got_result = false;
 
     PayloadAction on_data_header(const FrameHeader& h) override {
       if (h.kind != FrameKind::kResult)
         return PayloadAction::close(Status(ErrorCode::kProtocol, "not a result"));
-      result.resize(h.length);
-      return PayloadAction::receive(result);
+      result = std::make_shared<std::vector<std::byte>>(h.length);
+      return PayloadAction::receive(*result, result);
     }
     void on_data(const FrameHeader&, std::span<std::byte>) override {
       std::lock_guard lock(mu);
@@ -319,7 +319,7 @@ TEST(Fabric, HostileFramesOnTheDataPathCloseOnlyThatStream) {
     ASSERT_TRUE(st->wait([&] { return st->got_result || st->closed; }, 10s));
     ASSERT_TRUE(st->got_result) << (st->closed ? st->closed->to_string() : "");
     std::vector<float> sum(16);
-    std::memcpy(sum.data(), st->result.data(), std::min(st->result.size(), sizeof(float) * 16));
+    std::memcpy(sum.data(), st->result->data(), std::min(st->result->size(), sizeof(float) * 16));
     EXPECT_EQ(sum, std::vector<float>(16, 1.0f));
   }
   struct Hostile {

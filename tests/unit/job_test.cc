@@ -59,11 +59,13 @@ struct Fixture {
   PayloadAction offer(const FrameHeader& h, PendingContribution& p) {
     return job->on_contribution_header(members[h.rank], h, p);
   }
-  // Payload phase: writes rank-specific values into the destination first.
-  void deliver(const FrameHeader& h, PendingContribution& p, std::span<std::byte> dst) {
-    auto* f = reinterpret_cast<float*>(dst.data());
+  // Payload phase: writes rank-specific values into the destination first,
+  // then lets go of its owner as a stream does once the payload is in.
+  void deliver(const FrameHeader& h, PendingContribution& p, PayloadAction& action) {
+    auto* f = reinterpret_cast<float*>(action.dst.data());
     for (size_t i = 0; i < h.length / 4; ++i) f[i] = static_cast<float>((h.rank + 1) * 1000 + i);
     job->on_contribution_payload(h, p);
+    action.owner.reset();
   }
 
   std::shared_ptr<SlabPool> pool;
@@ -90,17 +92,17 @@ TEST(Accumulator, EveryPayloadOrderGivesTheExactSum) {
     const uint64_t count = 100;
     std::vector<FrameHeader> headers;
     std::vector<PendingContribution> pending(world);
-    std::vector<std::span<std::byte>> dst(world);
+    std::vector<PayloadAction> actions(world);
     for (uint32_t r = 0; r < world; ++r) {
       headers.push_back(f.header(r, 7, 0, count, 0, count * 4));
       auto action = f.offer(headers[r], pending[r]);
       ASSERT_EQ(action.kind, PayloadAction::Kind::kReceive);
       ASSERT_EQ(action.dst.size(), count * 4);
-      dst[r] = action.dst;
+      actions[r] = action;
     }
     EXPECT_EQ(pending[0].role, SlabRole::kAccumulator);
     for (uint32_t r = 1; r < world; ++r) EXPECT_EQ(pending[r].role, SlabRole::kStaging);
-    for (uint32_t r : order) f.deliver(headers[r], pending[r], dst[r]);
+    for (uint32_t r : order) f.deliver(headers[r], pending[r], actions[r]);
     for (auto& m : f.members) {
       ASSERT_EQ(m->results.size(), 1u);
       EXPECT_EQ(m->results[0].header.kind, FrameKind::kResult);
@@ -121,8 +123,8 @@ TEST(Accumulator, AverageIsDividedOnceByTheWorldSize) {
   auto h1 = f.header(1, 0, 0, 8, 0, 32, RedOp::kAverage);
   auto a0 = f.offer(h0, p0);
   auto a1 = f.offer(h1, p1);
-  f.deliver(h1, p1, a1.dst);
-  f.deliver(h0, p0, a0.dst);
+  f.deliver(h1, p1, a1);
+  f.deliver(h0, p0, a0);
   for (size_t i = 0; i < 8; ++i)
     EXPECT_EQ(f.members[0]->results[0].values[i], expected_sum(2, i) / 2.0f);
 }
@@ -145,7 +147,7 @@ TEST(Accumulator, DisagreeingCountFailsTheOpForEveryoneNamingBothRanks) {
     ASSERT_EQ(e.ranks_size(), 2);
   }
   // The first payload still lands (its slab is held by the session) and is dropped.
-  f.deliver(f.header(0, 3, 0, 100, 0, 400), p0, a0.dst);
+  f.deliver(f.header(0, 3, 0, 100, 0, 400), p0, a0);
   EXPECT_TRUE(f.members[0]->results.empty());
   // A late contribution to the failed op gets the same error again.
   PendingContribution p1;
@@ -182,13 +184,13 @@ TEST(Accumulator, OpCompletesWhenItsShardsChunksAreAllDone) {
   auto h0 = f.header(0, 0, 0, 16, 0, 32, RedOp::kSum, 2);
   auto a0 = f.offer(h0, p);
   ASSERT_EQ(a0.kind, PayloadAction::Kind::kReceive);
-  f.deliver(h0, p, a0.dst);
+  f.deliver(h0, p, a0);
   EXPECT_EQ(f.members[0]->results.size(), 1u);
   EXPECT_EQ(f.counters[Count::kOpsCompleted].load(), 0u);
   auto h1 = f.header(0, 0, 1, 16, 32, 32, RedOp::kSum, 2);
   auto a1 = f.offer(h1, p);
   ASSERT_EQ(a1.kind, PayloadAction::Kind::kReceive);
-  f.deliver(h1, p, a1.dst);
+  f.deliver(h1, p, a1);
   EXPECT_EQ(f.counters[Count::kOpsCompleted].load(), 1u);
 }
 
@@ -225,8 +227,8 @@ TEST(Accumulator, FullQuotaPausesAndWakesWhenASlabFrees) {
   EXPECT_EQ(f.members[1]->wakes, 0);
   // Rank 0's payloads land; chunk 0 cannot finish without rank 1, so
   // nothing frees yet. A failed op frees its slabs and wakes the waiter.
-  f.deliver(ha, a, aa.dst);
-  f.deliver(hb, b, ab.dst);
+  f.deliver(ha, a, aa);
+  f.deliver(hb, b, ab);
   EXPECT_EQ(f.members[1]->wakes, 0);
   f.job->leave(f.members[0].get(), Status(ErrorCode::kPeerLost, "gone"), Departure::kLost);
   EXPECT_GE(f.members[1]->wakes, 1);
@@ -257,7 +259,7 @@ TEST(Accumulator, GoodbyeFailsOnlyWhatStillNeedsTheRank) {
   PendingContribution p1;
   auto h1 = f.header(1, 0, 0, 8, 0, 32);
   auto a1 = f.offer(h1, p1);
-  f.deliver(h1, p1, a1.dst);
+  f.deliver(h1, p1, a1);
   f.job->leave(f.members[1].get(), Status(ErrorCode::kCancelled, "done"), Departure::kGoodbye);
   EXPECT_TRUE(f.members[0]->errors.empty());
   // A new op needing rank 1 fails at once, naming it and its reason.
@@ -276,7 +278,7 @@ TEST(Accumulator, RejoinedRankIsNotSentASumFromItsPreviousStream) {
   PendingContribution p1, p0;
   auto h1 = f.header(1, 4, 0, 8, 0, 32);
   auto a1 = f.offer(h1, p1);
-  f.deliver(h1, p1, a1.dst);
+  f.deliver(h1, p1, a1);
   f.job->leave(f.members[1].get(), Status(ErrorCode::kCancelled, "restarting"),
                Departure::kGoodbye);
   auto rejoined = std::make_shared<RecordingMember>(1);
@@ -284,7 +286,7 @@ TEST(Accumulator, RejoinedRankIsNotSentASumFromItsPreviousStream) {
   auto h0 = f.header(0, 4, 0, 8, 0, 32);
   auto a0 = f.offer(h0, p0);
   ASSERT_EQ(a0.kind, PayloadAction::Kind::kReceive);
-  f.deliver(h0, p0, a0.dst);
+  f.deliver(h0, p0, a0);
   ASSERT_EQ(f.members[0]->results.size(), 1u);
   EXPECT_EQ(f.members[0]->results[0].values[0], expected_sum(2, 0));
   EXPECT_TRUE(rejoined->results.empty());
@@ -295,7 +297,7 @@ TEST(Accumulator, SweepTimesOutNamingMissingRanks) {
   PendingContribution p0;
   auto h = f.header(0, 9, 0, 8, 0, 32);
   auto a = f.offer(h, p0);
-  f.deliver(h, p0, a.dst);
+  f.deliver(h, p0, a);
   f.job->sweep(Job::Clock::now());
   EXPECT_TRUE(f.members[0]->errors.empty());
   f.job->sweep(Job::Clock::now() + std::chrono::milliseconds(1500));
@@ -314,7 +316,7 @@ TEST(Accumulator, AnEvictedJobFailsItsOpsAndClosesEveryMember) {
   auto h = f.header(0, 0, 0, 8, 0, 32);
   auto a = f.offer(h, p0);
   ASSERT_EQ(a.kind, PayloadAction::Kind::kReceive);
-  f.deliver(h, p0, a.dst);
+  f.deliver(h, p0, a);
   f.job->evict(Status(ErrorCode::kUnauthenticated, "the name went to an authenticated job"));
   for (uint32_t r = 0; r < 2; ++r) {
     ASSERT_TRUE(f.members[r]->closed.has_value()) << "rank " << r;

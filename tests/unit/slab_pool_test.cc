@@ -240,6 +240,34 @@ TEST(SlabQuota, AnOutstandingSlabKeepsItsQuotaAlive) {
   EXPECT_EQ(pool->available(), 2u);
 }
 
+// A job gone while one of its slabs is still out (a fabric provider holds
+// it after the stream was given up) gives its other slabs back at once, and
+// that one when it comes back.
+TEST(SlabQuota, ARetiredQuotaKeepsOutOnlyTheSlabsStillOut) {
+  auto pool = make_pool(4096, 6);
+  ASSERT_NE(pool, nullptr);
+  auto quota = make_quota(pool, 4);
+  ASSERT_NE(quota, nullptr);
+  auto held = quota->try_take([] {});
+  auto returned = quota->try_take([] {});
+  ASSERT_NE(held, nullptr);
+  ASSERT_NE(returned, nullptr);
+  EXPECT_EQ(pool->available(), 2u);
+  quota->retire();
+  EXPECT_EQ(pool->available(), 4u);  // its two free slabs
+  EXPECT_EQ(quota->try_take([] {}), nullptr);
+  returned.reset();
+  EXPECT_EQ(pool->available(), 5u);
+  quota.reset();
+  EXPECT_EQ(pool->available(), 5u);
+  EXPECT_EQ(pool->in_use(), 1u);
+  held->data()[0] = std::byte{1};
+  held.reset();
+  EXPECT_EQ(pool->available(), 6u);
+  EXPECT_EQ(pool->in_use(), 0u);
+  EXPECT_NE(make_quota(pool, 6), nullptr);
+}
+
 // ---------------------------------------------------------------------------
 // SlabQuota: taking slabs and waiting
 

@@ -40,7 +40,7 @@ class Collector : public FrameHandler {
  public:
   PayloadAction on_data_header(const FrameHeader& h) override {
     buffers.emplace_back(h.length);
-    return PayloadAction::receive(buffers.back());
+    return PayloadAction::receive(buffers.back(), nullptr);  // outlives the connection
   }
   void on_data(const FrameHeader& h, std::span<std::byte> payload) override {
     headers.push_back(h);

@@ -58,14 +58,24 @@ struct PayloadAction {
   enum class Kind { kReceive, kDiscard, kPause, kClose };
   Kind kind = Kind::kDiscard;
   std::span<std::byte> dst;  // kReceive: exactly header.length bytes
-  Status error;              // kClose: the reason, logged and given to on_closed
+  // kReceive: what keeps `dst` alive. The connection holds it for as long
+  // as anything may still write into `dst`, which on the fabric data path
+  // can be after on_closed: a provider that has begun a payload cannot
+  // always be stopped (fi_cancel does not withdraw a matched receive), and
+  // finishes it into `dst` whenever the sender's bytes come (a link back
+  // up, a stopped process continued). Memory handed back while that can
+  // happen would take those bytes into whatever uses it next.
+  std::shared_ptr<const void> owner;
+  Status error;  // kClose: the reason, logged and given to on_closed
 
-  static PayloadAction receive(std::span<std::byte> dst) { return {Kind::kReceive, dst, {}}; }
-  static PayloadAction discard() { return {Kind::kDiscard, {}, {}}; }
+  static PayloadAction receive(std::span<std::byte> dst, std::shared_ptr<const void> owner) {
+    return {Kind::kReceive, dst, std::move(owner), {}};
+  }
+  static PayloadAction discard() { return {Kind::kDiscard, {}, {}, {}}; }
   // Stop reading this stream (back-pressure) until Connection::resume(); the
   // same header is then offered again.
-  static PayloadAction pause() { return {Kind::kPause, {}, {}}; }
-  static PayloadAction close(Status why) { return {Kind::kClose, {}, std::move(why)}; }
+  static PayloadAction pause() { return {Kind::kPause, {}, {}, {}}; }
+  static PayloadAction close(Status why) { return {Kind::kClose, {}, {}, std::move(why)}; }
 };
 
 // Implemented by the owner of a connection (a reducer's worker session, a
@@ -79,7 +89,9 @@ class FrameHandler {
   // cancelled, or from on_data_header).
   virtual void on_data(const FrameHeader& header, std::span<std::byte> payload) = 0;
   virtual void on_control(const wire::Control& message) = 0;
-  // Called once, after which the connection touches no buffer again.
+  // Called once, after which the connection calls nothing back and writes
+  // no posted receive's `dst`; a payload's `owner` (PayloadAction) it may
+  // hold a while longer.
   virtual void on_closed(const Status& reason) = 0;
 };
 
@@ -153,6 +165,13 @@ class Connection {
   virtual void start(std::shared_ptr<FrameHandler> handler) = 0;
   // Queues a data frame; `payload` must stay valid until `done` runs (once,
   // on the executor, with ok or the reason it was not sent). Non-blocking.
+  // A stream closed while a payload is still being sent runs `done` with
+  // the close's reason, but the fabric data path may go on reading the
+  // payload after that (and after on_closed), until its provider lets go
+  // of the send: it keeps the `done` object, and what it owns, until then.
+  // A caller whose `done` does not own the payload (a worker sending from
+  // its caller's tensor) leaves it to be read late, into a stream its peer
+  // has closed by then (docs/fabric.md, "Failure").
   virtual void send(const FrameHeader& header, std::span<const std::byte> payload,
                     SendDone done) = 0;
   // Queues a control frame (the message is serialized immediately); `done`,

@@ -83,6 +83,12 @@ class SlabQuota : public std::enable_shared_from_this<SlabQuota> {
   // one may be available. The waiter must not block.
   std::shared_ptr<Slab> try_take(std::function<void()> waiter);
   size_t in_use() const;
+  // Its job is gone: the free slabs go back to the pool now, and each one
+  // still out as it comes back, instead of all of them when the last one
+  // does. A fabric provider may hold a slab for minutes after its stream
+  // was given up (docs/fabric.md, "Failure"); it keeps that slab out, not
+  // the job's reservation. try_take takes none after this.
+  void retire();
 
  private:
   friend class Slab;
@@ -94,6 +100,7 @@ class SlabQuota : public std::enable_shared_from_this<SlabQuota> {
   mutable std::mutex mu_;
   std::vector<std::byte*> free_;
   std::deque<std::function<void()>> waiters_;
+  bool retired_ = false;
 };
 
 }  // namespace tally
