@@ -102,6 +102,17 @@ Command NetnsPair::set_link_b(bool up) const {
   return ip({"-n", ns_b_, "link", "set", veth_b_, up ? "up" : "down"});
 }
 
+Command NetnsPair::cap_link(const std::string& rate) const {
+  const std::string tc = bench::find_tc();
+  if (tc.empty()) return Command{std::nullopt, "iproute2's tc is not installed"};
+  for (const auto& [ns, dev] : {std::pair{ns_a_, veth_a_}, std::pair{ns_b_, veth_b_}}) {
+    Command c = bench::run_command(tc, {"-n", ns, "qdisc", "add", "dev", dev, "root", "tbf", "rate",
+                                        rate, "burst", "64kb", "latency", "100ms"});
+    if (!c.ok()) return c;
+  }
+  return Command{0, ""};
+}
+
 bool NetnsPair::listed(const std::string& ns) {
   const auto names = bench::netns_list();
   return std::find(names.begin(), names.end(), ns) != names.end();

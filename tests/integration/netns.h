@@ -47,6 +47,10 @@ class NetnsPair {
   // namespaces are dropped silently, as on a cut cable.
   Command set_link_b(bool up) const;
 
+  // Caps the link at `rate` (tc's units, "100mbit") both ways, with a tbf
+  // qdisc on each end. Needs tc.
+  Command cap_link(const std::string& rate) const;
+
   // Whether `ip netns list` shows `ns`.
   static bool listed(const std::string& ns);
 
