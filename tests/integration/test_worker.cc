@@ -36,6 +36,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "tally/bench/explain.h"
 #include "tally/bench/pattern.h"
 #include "tally/client/client.h"
 #include "tally/protocol/kernels.h"
@@ -43,6 +44,10 @@
 namespace {
 
 using tally::Status;
+
+// A wrong float32 result is compared with the results of this many ops
+// either side of its own (tally/bench/explain.h).
+constexpr uint64_t kExplainWindow = 16;
 
 struct Plan {
   std::vector<uint64_t> counts;  // op i: counts[i % size]
@@ -217,8 +222,18 @@ int run(tally::Client& client, tally::DType dtype, tally::RedOp redop, const Pla
                   : tally::bench::count_wrong(data.data(), count, client.world_size(), redop, op);
     }
     if (wrong) {
-      std::printf("wrong op %d: %zu of %llu elements\n", op, wrong,
-                  static_cast<unsigned long long>(count));
+      // How many are wrong, and for pattern ops what they are instead.
+      std::string what = std::to_string(wrong) + " of " + std::to_string(count) + " elements";
+      if constexpr (std::is_same_v<T, float>) {
+        if (!plan.noisy && !plan.wire_bf16) {
+          const tally::bench::PatternOp checked{client.rank(), client.world_size(), redop,
+                                                static_cast<uint64_t>(op)};
+          std::string explained = tally::bench::explain_wrong(
+              data.data(), count, checked, kExplainWindow, [&](uint64_t) { return redop; });
+          if (!explained.empty()) what = std::move(explained);
+        }
+      }
+      std::printf("wrong op %d: %s\n", op, what.c_str());
       std::fflush(stdout);
       return 1;
     }
