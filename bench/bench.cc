@@ -55,9 +55,10 @@ struct PhaseOptions {
   std::string pool;  // TALLY_POOL for the workers
   uint32_t workers = 4;
   uint32_t groups = 1;
-  size_t chunk_bytes = 0;   // 0: the automatic plan
-  std::string wire_dtype;   // TALLY_WIRE_DTYPE for the workers; empty: native
-  std::string wire_result;  // TALLY_WIRE_RESULT for the workers; empty: unset
+  size_t chunk_bytes = 0;      // 0: the automatic plan
+  std::string wire_dtype;      // TALLY_WIRE_DTYPE for the workers; empty: native
+  std::string wire_result;     // TALLY_WIRE_RESULT for the workers; empty: unset
+  bool deterministic = false;  // TALLY_DETERMINISTIC=1 for the workers
   int64_t op_timeout_ms = 60000;
   std::string fabric_provider;  // empty: the workers' default
   std::string log_level = "warn";
@@ -137,6 +138,7 @@ ProcessSpec worker_spec(const Phase& phase, const PhaseOptions& options, uint32_
               {"TALLY_CHUNK_BYTES", std::to_string(options.chunk_bytes)},
               {"TALLY_WIRE_DTYPE", options.wire_dtype},
               {"TALLY_WIRE_RESULT", options.wire_result},
+              {"TALLY_DETERMINISTIC", options.deterministic ? "1" : ""},
               {"TALLY_OP_TIMEOUT_MS", std::to_string(options.op_timeout_ms)},
               {"TALLY_TRANSPORT", phase.transport}};
   if (!options.fabric_provider.empty()) spec.env["TALLY_FABRIC_PROVIDER"] = options.fabric_provider;
@@ -273,6 +275,7 @@ PhaseOptions phase_options_of(const DriverOptions& o, const std::string& pool, L
   p.chunk_bytes = o.chunk_bytes;
   p.wire_dtype = o.wire_dtype;
   p.wire_result = o.wire_result;
+  p.deterministic = o.deterministic;
   p.op_timeout_ms = o.op_timeout_ms;
   p.fabric_provider = o.fabric_provider;
   p.log_level = o.log_level;

@@ -92,6 +92,8 @@ void add_wire_flags(CLI::App& app, DriverOptions& o) {
                  "with --wire-dtype bfloat16: results as float32 (the reducers' sums, "
                  "TALLY_WIRE_RESULT) or bfloat16 (the default)")
       ->check(CLI::IsMember({"float32", "bfloat16"}));
+  app.add_flag("--deterministic", o.deterministic,
+               "reproducible sums: the workers set TALLY_DETERMINISTIC=1");
   app.add_option("--tcp-congestion", o.tcp_congestion,
                  "TCP congestion control of tally's streams, local reducers' and workers' (e.g. "
                  "cubic; default: the system's). The peers keep the system's");

@@ -23,6 +23,7 @@ struct DriverOptions {
   size_t chunk_bytes = 0;
   std::string wire_dtype;
   std::string wire_result;
+  bool deterministic = false;  // TALLY_DETERMINISTIC=1 for the workers
   std::string job;
   std::string log_level = "warn";
   uint32_t io_threads = 2;

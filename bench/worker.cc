@@ -133,11 +133,12 @@ std::string Sweep::wire_name() const {
 }
 
 void Sweep::print_header() const {
-  std::printf("# tally-bench %s (%s) transport=%s W=%u S=%u G=%u chunk=%s wire=%s link-rate=%s\n",
-              TALLY_VERSION, git_sha(), options_.transport.c_str(), client_.world_size(),
-              client_.shards(), client_.groups(),
-              options_.chunk_bytes ? human_bytes(options_.chunk_bytes).c_str() : "auto",
-              wire_name().c_str(), link_rate_string(options_.link_rate_bits).c_str());
+  std::printf(
+      "# tally-bench %s (%s) transport=%s W=%u S=%u G=%u chunk=%s wire=%s link-rate=%s sums=%s\n",
+      TALLY_VERSION, git_sha(), options_.transport.c_str(), client_.world_size(), client_.shards(),
+      client_.groups(), options_.chunk_bytes ? human_bytes(options_.chunk_bytes).c_str() : "auto",
+      wire_name().c_str(), link_rate_string(options_.link_rate_bits).c_str(),
+      options_.deterministic ? "reproducible" : "arrival-order");
   std::printf(
       "# reduction server: every worker sends and receives the buffer once, so busbw = algbw\n");
   std::printf(
@@ -355,6 +356,7 @@ Status Sweep::write_json(double avg_busbw) const {
       {"chunk_bytes", options_.chunk_bytes},
       {"wire_dtype",
        options_.wire_dtype ? std::string(dtype_name(*options_.wire_dtype)) : "native"},
+      {"deterministic", options_.deterministic},
       {"busbw_factor", 1.0},
       {"rows", std::move(rows)},
       {"avg_busbw_gbps", avg_busbw},

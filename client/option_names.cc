@@ -139,17 +139,28 @@ Status set_fabric_provider(ClientOptions& o, std::string_view, std::string_view 
   return Status::ok();
 }
 
-Status set_force_registration(ClientOptions& o, std::string_view name, std::string_view value) {
-  // The spellings CLI11 accepts for the reducer's flag of the same name.
+// The spellings CLI11 accepts for a reducer's boolean flag.
+Result<bool> parse_bool(std::string_view name, std::string_view value) {
   static const std::vector<std::string> on{"1", "true", "on", "yes", "enable", "t", "y", "+"};
   static const std::vector<std::string> off{"0", "false", "off", "no", "disable", "f", "n", "-"};
   std::string v(value);
   std::transform(v.begin(), v.end(), v.begin(), [](unsigned char c) { return std::tolower(c); });
-  const bool is_on = std::find(on.begin(), on.end(), v) != on.end();
-  if (!is_on && std::find(off.begin(), off.end(), v) == off.end()) {
-    return bad(name, value, "is not a boolean (1/0, true/false, on/off, yes/no)");
-  }
-  o.fabric.force_registration = is_on;
+  if (std::find(on.begin(), on.end(), v) != on.end()) return true;
+  if (std::find(off.begin(), off.end(), v) != off.end()) return false;
+  return bad(name, value, "is not a boolean (1/0, true/false, on/off, yes/no)");
+}
+
+Status set_force_registration(ClientOptions& o, std::string_view name, std::string_view value) {
+  auto on = parse_bool(name, value);
+  if (!on) return on.status();
+  o.fabric.force_registration = *on;
+  return Status::ok();
+}
+
+Status set_deterministic(ClientOptions& o, std::string_view name, std::string_view value) {
+  auto on = parse_bool(name, value);
+  if (!on) return on.status();
+  o.deterministic = *on;
   return Status::ok();
 }
 
@@ -258,6 +269,7 @@ const std::vector<Option>& options_table() {
       {"TALLY_WIRE_DTYPE", set_wire_dtype},
       {"TALLY_WIRE_RESULT", set_wire_result},
       {"TALLY_RESUME_BYTES", set_bytes<&ClientOptions::resume_bytes>},
+      {"TALLY_DETERMINISTIC", set_deterministic},
       {"TALLY_SECRET", set_older_secret},
       {"TALLY_SECRET_FILE", set_older_secret_file},
       {"TALLY_JOB_SECRET", set_secret},

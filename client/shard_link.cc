@@ -267,6 +267,7 @@ void ShardLink::on_connected(Result<asio::ip::tcp::socket> r) {
   for (uint32_t n : settings_.group_sizes) h->add_group_sizes(n);
   h->set_groups_explicit(settings_.options.group.has_value());
   h->set_resume(phase_ == Phase::kResuming);
+  h->set_deterministic(settings_.options.deterministic);
   if (!settings_.options.secret.empty()) {
     worker_nonce_ = make_nonce();
     h->set_auth_nonce(worker_nonce_);

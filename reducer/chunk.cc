@@ -1,5 +1,6 @@
 #include "tally/reducer/chunk.h"
 
+#include <bit>
 #include <cstring>
 
 #include "tally/reducer/kernels.h"
@@ -38,12 +39,16 @@ FrameHeader final_header(const FrameHeader& m) {
 }
 
 Chunk::Chunk(const FrameHeader& first, Clock::time_point created, Clock::time_point deadline,
-             uint32_t world_size, std::vector<ButterflyStep> steps, uint64_t round)
+             uint32_t world_size, std::vector<ButterflyStep> steps, uint64_t round,
+             bool deterministic)
     : meta_(first),
       created_(created),
       deadline_(deadline),
       steps_(std::move(steps)),
       round_(static_cast<uint8_t>(round)),
+      deterministic_(deterministic),
+      parts_(deterministic ? world_size : 0),
+      part_end_(deterministic ? world_size : 0, 0),
       seen_(world_size, false),
       contributors_(world_size, nullptr),
       arrived_(steps_.size()) {}
@@ -62,13 +67,17 @@ SlabRole Chunk::accept(uint32_t rank, const JobMember* member, std::shared_ptr<S
     replay_accepted_ = true;
     return SlabRole::kReplay;
   }
+  if (deterministic_) {
+    parts_[rank] = std::move(slab);
+    return SlabRole::kAccumulator;
+  }
   if (accumulator_) return SlabRole::kStaging;
   accumulator_ = std::move(slab);
   return SlabRole::kAccumulator;
 }
 
-Chunk::Progress Chunk::add(SlabRole role, std::shared_ptr<Slab> slab, uint32_t local_size,
-                           const ButterflyContext& context, Status& why) {
+Chunk::Progress Chunk::add(uint32_t rank, SlabRole role, std::shared_ptr<Slab> slab,
+                           uint32_t local_size, const ButterflyContext& context, Status& why) {
   std::lock_guard lock(mu_);
   if (failed_) return Progress::kWaiting;
   // Ended before this payload came (end_released): its rank was answered
@@ -81,11 +90,14 @@ Chunk::Progress Chunk::add(SlabRole role, std::shared_ptr<Slab> slab, uint32_t l
       // The result is known: what was summed so far is not needed (a
       // payload still arriving holds its own reference to its slab).
       replay_ = std::move(slab);
-      accumulator_.reset();
-      pending_.clear();
+      drop_sums_locked();
     }
   } else if (replay_) {
     // Likewise for a contribution that arrives after the replay.
+  } else if (deterministic_) {
+    load_payload(dtype, parts_[rank]->data(), nbytes);
+    part_end_[rank] = rank + 1;
+    combine_locked(rank);
   } else if (role == SlabRole::kAccumulator) {
     load_payload(dtype, accumulator_->data(), nbytes);
     accumulator_ready_ = true;
@@ -114,6 +126,37 @@ Chunk::Progress Chunk::skip(uint32_t rank, const JobMember* member, uint32_t loc
   if (failed_) return Progress::kWaiting;
   added_++;
   return completed_locked(local_size, context, why);
+}
+
+void Chunk::combine_locked(uint32_t rank) {
+  struct Node {
+    uint32_t lo, mid, hi;
+  };
+  // The nodes from the root down to the rank's parent.
+  std::vector<Node> path;
+  uint32_t lo = 0;
+  uint32_t hi = static_cast<uint32_t>(parts_.size());
+  while (hi - lo > 1) {
+    const uint32_t mid = lo + std::bit_floor(hi - lo - 1);
+    path.push_back({lo, mid, hi});
+    (rank < mid ? hi : lo) = mid;
+  }
+  const DType acc_dtype = accumulator_dtype(meta_.dtype);
+  const size_t acc_bytes = meta_.length / dtype_size(meta_.dtype) * dtype_size(acc_dtype);
+  for (auto node = path.rbegin(); node != path.rend(); ++node) {
+    if (part_end_[node->lo] != node->mid || part_end_[node->mid] != node->hi) return;
+    reduce_into(acc_dtype, parts_[node->lo]->data(), parts_[node->mid]->data(), acc_bytes);
+    parts_[node->mid].reset();
+    part_end_[node->lo] = node->hi;
+  }
+  accumulator_ = std::move(parts_[0]);
+  accumulator_ready_ = true;
+}
+
+void Chunk::drop_sums_locked() {
+  accumulator_.reset();
+  pending_.clear();
+  for (auto& p : parts_) p.reset();
 }
 
 Chunk::Progress Chunk::completed_locked(uint32_t local_size, const ButterflyContext& context,
@@ -190,8 +233,7 @@ Chunk::Progress Chunk::on_final(uint32_t from_group, const FrameHeader& h,
   if (replay_) return Progress::kWaiting;  // the same bytes, already here
   // What was summed so far, and the butterfly's partials, are not needed.
   replay_ = std::move(slab);
-  accumulator_.reset();
-  pending_.clear();
+  drop_sums_locked();
   for (auto& a : arrived_) a.reset();
   return completed_locked(local_size, context, why);
 }
@@ -324,9 +366,8 @@ Chunk::Progress Chunk::advance_locked(const ButterflyContext& context, Status& w
 void Chunk::fail() {
   std::lock_guard lock(mu_);
   failed_ = true;
-  accumulator_.reset();
+  drop_sums_locked();
   replay_.reset();
-  pending_.clear();
   arrived_.clear();
 }
 

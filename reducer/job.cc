@@ -84,9 +84,18 @@ Job::~Job() {
   if (quota_) quota_->retire();
 }
 
-size_t Job::quota_slabs(uint32_t window, size_t participants) {
+size_t Job::quota_slabs(uint32_t window, size_t participants, uint32_t held_per_chunk) {
   const size_t receives = butterfly_max_receives(static_cast<uint32_t>(participants));
-  return size_t{window} * (1 + 2 * receives) + 2;
+  return size_t{window} * (held_per_chunk + 2 * receives) + 2;
+}
+
+uint32_t Job::deterministic_window(uint32_t window, uint32_t local, size_t free_slabs) {
+  const size_t fits = free_slabs > 2 ? (free_slabs - 2) / std::max<uint32_t>(local, 1) : 0;
+  return static_cast<uint32_t>(std::clamp<size_t>(fits, 1, std::max<uint32_t>(window, 1)));
+}
+
+uint32_t Job::window_chunks(uint32_t window) const {
+  return settings_.window_chunks ? settings_.window_chunks : window;
 }
 
 Status Job::join(const std::shared_ptr<JobMember>& member, Arrival arrival) {
@@ -319,7 +328,7 @@ std::shared_ptr<Chunk> Job::chunk_for_locked(const FrameHeader& h) {
   }
   const auto now = Clock::now();
   auto chunk = std::make_shared<Chunk>(h, now, now + settings_.op_timeout, settings_.world_size,
-                                       std::move(steps), round_.number());
+                                       std::move(steps), round_.number(), settings_.deterministic);
   chunks_.emplace(key, chunk);
   op_timings_.began(h.op, now, h.chunks_on_shard, h.rank);  // >= 1 chunk (decode_header)
   for (auto& p : early_.take(key)) {
@@ -397,7 +406,8 @@ void Job::on_contribution_payload(const FrameHeader& h, PendingContribution& pen
   const SlabRole role = pending.role;
   pending.reset();
   Status why;
-  Chunk::Progress progress = chunk->add(role, std::move(slab), local_size_, butterfly_, why);
+  Chunk::Progress progress =
+      chunk->add(h.rank, role, std::move(slab), local_size_, butterfly_, why);
   if (progress == Chunk::Progress::kWaiting && role == SlabRole::kReplay) {
     // A replay of an op every rank has: the ranks that sent theirs are
     // answered now; the others have let theirs go and send none.

@@ -68,6 +68,18 @@ Result<std::shared_ptr<Job>> JobTable::admit(const wire::Hello& hello, bool auth
                         std::to_string(hello.world_size()) + " or leave its own group empty");
     }
   }
+  if (hello.deterministic()) {
+    size_t groups = 0;
+    for (uint32_t n : sizes) groups += n > 0;
+    if (groups > 1) {
+      return Status(ErrorCode::kInvalidArgument,
+                    who +
+                        " asks for reproducible sums (TALLY_DETERMINISTIC), which are summed "
+                        "for a job of one replica group only, and its job has workers in " +
+                        std::to_string(groups) +
+                        " groups (run it on one group, or without TALLY_DETERMINISTIC)");
+    }
+  }
   std::lock_guard lock(mu_);
   if (stopping_) return Status(ErrorCode::kUnavailable, "reducer is shutting down");
   std::shared_ptr<Job> job;
@@ -108,6 +120,14 @@ Result<std::shared_ptr<Job>> JobTable::admit(const wire::Hello& hello, bool auth
                     who + " gives job '" + hello.job() +
                         "' other group sizes than the ranks (or replicas) before it");
     }
+    if (job->settings().deterministic != hello.deterministic()) {
+      const auto asks = [](bool on) { return on ? "asks" : "does not ask"; };
+      return Status(ErrorCode::kMismatch, who + " of job '" + hello.job() + "' " +
+                                              asks(hello.deterministic()) +
+                                              " for reproducible sums, and the ranks before it " +
+                                              asks(job->settings().deterministic) +
+                                              " (set TALLY_DETERMINISTIC the same on every rank)");
+    }
   } else {
     JobSettings settings;
     settings.name = hello.job();
@@ -116,6 +136,7 @@ Result<std::shared_ptr<Job>> JobTable::admit(const wire::Hello& hello, bool auth
     settings.group_sizes = sizes;
     settings.groups_explicit = hello.groups_explicit();
     settings.authenticated = authenticated;
+    settings.deterministic = hello.deterministic();
     auto created = create_locked(std::move(settings));
     if (!created) return created.status();
     job = *created;
@@ -133,8 +154,31 @@ Result<std::shared_ptr<Job>> JobTable::create_locked(JobSettings settings) {
   size_t participants = 0;
   for (uint32_t n : settings.group_sizes) participants += n > 0;
   participants = std::max<size_t>(participants, 1);
-  auto quota = SlabQuota::reserve(pool_, Job::quota_slabs(options_.window_chunks, participants));
-  if (!quota) return quota.status().with_context("job '" + settings.name + "'");
+  // A deterministic chunk holds a slab per rank of the group until its tree
+  // is summed: its window is what the free slabs allow, up to the reducer's.
+  const uint32_t local =
+      settings.group_sizes.empty() ? settings.world_size : settings.group_sizes[settings.group];
+  uint32_t window = options_.window_chunks;
+  if (settings.deterministic) {
+    window = Job::deterministic_window(window, local, pool_->available());
+    settings.window_chunks = window;
+    if (window < options_.window_chunks) {
+      spdlog::info(
+          "job '{}': reproducible sums over {} ranks get a window of {} chunks, not {} (the free "
+          "chunk buffers hold {} x {} + 2; --memory-budget sets them)",
+          settings.name, local, window, options_.window_chunks, window, local);
+    }
+  }
+  auto quota = SlabQuota::reserve(
+      pool_, Job::quota_slabs(window, participants, settings.deterministic ? local : 1));
+  if (!quota) {
+    return quota.status().with_context(
+        "job '" + settings.name + "'" +
+        (settings.deterministic
+             ? " (reproducible sums hold a chunk buffer per rank: window " +
+                   std::to_string(window) + " x " + std::to_string(local) + " ranks + 2)"
+             : ""));
+  }
   if (auto t = tombstones_.find(settings.name); t != tombstones_.end()) {
     if (std::chrono::steady_clock::now() - t->second.ended < kTombstoneLife) {
       settings.history = t->second.departures;

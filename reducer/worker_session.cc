@@ -254,7 +254,7 @@ void WorkerSession::join(std::shared_ptr<const wire::Hello> hello, bool authenti
   w->set_shard(o.shard);
   w->set_shard_count(o.shard_count);
   w->set_max_chunk_bytes(o.max_chunk_bytes);
-  w->set_window_chunks(o.window_chunks);
+  w->set_window_chunks(job_->window_chunks(o.window_chunks));
   // The ingress budget shared by the job's workers on this shard (at least
   // a byte: the worker may always have one chunk in flight).
   w->set_window_bytes(std::max<uint64_t>(1, o.ingress_window_bytes / job_->local_size()));

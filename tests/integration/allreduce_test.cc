@@ -234,19 +234,6 @@ std::string group_case_name(const ::testing::TestParamInfo<GroupCase>& info) {
   return name;
 }
 
-// "op K ok hash H" lines of a worker's output: K -> H.
-std::map<int, std::string> hashes_of(const std::string& out) {
-  std::map<int, std::string> hashes;
-  std::istringstream in(out);
-  std::string line;
-  while (std::getline(in, line)) {
-    int op = 0;
-    char hash[32] = {};
-    if (std::sscanf(line.c_str(), "op %d ok hash %31s", &op, hash) == 2) hashes[op] = hash;
-  }
-  return hashes;
-}
-
 void PrintTo(const GroupCase& c, std::ostream* os) {
   *os << group_case_name(::testing::TestParamInfo<GroupCase>(c, 0));
 }

@@ -241,6 +241,18 @@ bool contains(const std::string& s, const std::string& what) {
   return s.find(what) != std::string::npos;
 }
 
+std::map<int, std::string> hashes_of(const std::string& worker_out) {
+  std::map<int, std::string> hashes;
+  std::istringstream in(worker_out);
+  std::string line;
+  while (std::getline(in, line)) {
+    int op = 0;
+    char hash[32] = {};
+    if (std::sscanf(line.c_str(), "op %d ok hash %31s", &op, hash) == 2) hashes[op] = hash;
+  }
+  return hashes;
+}
+
 BenchRun run_bench(const std::string& dir, const Args& args, std::chrono::milliseconds timeout) {
   bench::ProcessSpec spec;
   spec.path = TALLY_BENCH_PATH;

@@ -176,6 +176,9 @@ std::string unique_job(const std::string& hint);
 
 bool contains(const std::string& s, const std::string& what);
 
+// The "op K ok hash H" lines of a tally-test-worker's output: K -> H.
+std::map<int, std::string> hashes_of(const std::string& worker_out);
+
 // One row of tally-bench's per-reducer byte report: size s g w, the four
 // measured bytes per op (worker in, worker out, replica in, replica out),
 // '|', the formula's three (worker, replica in, replica out).

@@ -311,6 +311,20 @@ TEST(ReplicaGroups, QuotaCoversThePartials) {
   EXPECT_EQ(Job::quota_slabs(1, 3), 9u);
 }
 
+// Reproducible sums: a chunk holds a slab per rank, so a job gets the
+// widest window up to the reducer's whose quota the free slabs hold.
+TEST(ReplicaGroups, ReproducibleSumsQuotaCoversARankPerChunk) {
+  EXPECT_EQ(Job::deterministic_window(8, 4, 128), 8u);
+  EXPECT_EQ(Job::quota_slabs(8, 1, 4), 34u);
+  EXPECT_EQ(Job::deterministic_window(8, 16, 128), 7u);
+  EXPECT_EQ(Job::quota_slabs(7, 1, 16), 114u);
+  EXPECT_EQ(Job::deterministic_window(8, 16, 113), 6u);
+  EXPECT_EQ(Job::deterministic_window(8, 126, 128), 1u);
+  // None fits: a window of 1, whose reservation then fails.
+  EXPECT_EQ(Job::deterministic_window(8, 127, 128), 1u);
+  EXPECT_EQ(Job::deterministic_window(8, 4, 0), 1u);
+}
+
 }  // namespace groups
 
 }  // namespace

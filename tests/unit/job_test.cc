@@ -11,6 +11,7 @@
 #include <cstring>
 #include <mutex>
 #include <numeric>
+#include <set>
 #include <vector>
 
 #include "job_test_support.h"
@@ -22,12 +23,14 @@ using job_testing::RecordingMember;
 
 struct Fixture {
   // Every rank joined as a fresh worker; `resuming` ones come back instead.
+  // `deterministic`: reproducible sums (JobSettings::deterministic).
   explicit Fixture(uint32_t world, size_t slabs = 16, size_t slab_bytes = 4096,
-                   std::vector<uint32_t> resuming = {}) {
+                   std::vector<uint32_t> resuming = {}, bool deterministic = false) {
     pool = *SlabPool::create(slab_bytes, slabs);
     JobSettings settings;
     settings.name = "unit-job";
     settings.world_size = world;
+    settings.deterministic = deterministic;
     settings.op_timeout = std::chrono::milliseconds(1000);
     job = std::make_shared<Job>(settings, *SlabQuota::reserve(pool, slabs), counters);
     for (uint32_t r = 0; r < world; ++r) {
@@ -114,6 +117,88 @@ TEST(Accumulator, EveryPayloadOrderGivesTheExactSum) {
     ++permutations;
   } while (std::next_permutation(order.begin(), order.end()));
   EXPECT_EQ(permutations, 24);
+}
+
+// Reproducible sums (JobSettings::deterministic). Inputs whose float sum
+// depends on the order of its additions: a fraction unique per rank and
+// element, most of them inexact in binary, plus a per-rank offset.
+float order_sensitive_input(uint32_t rank, size_t i) {
+  return 1.0f / static_cast<float>(1 + (rank * 131 + i * 7) % 97) + static_cast<float>(rank % 5);
+}
+
+// Sums one op of `order.size()` ranks whose headers, then payloads, arrive
+// in `order`; returns the result's bits, the same on every rank.
+std::vector<uint32_t> sum_in_arrival_order(const std::vector<uint32_t>& order, bool deterministic,
+                                           size_t count) {
+  const auto world = static_cast<uint32_t>(order.size());
+  Fixture f(world, 16, 4096, {}, deterministic);
+  std::vector<FrameHeader> headers(world);
+  std::vector<PendingContribution> pending(world);
+  std::vector<PayloadAction> actions(world);
+  for (uint32_t r : order) {
+    headers[r] = f.header(r, 0, 0, count, 0, count * 4);
+    actions[r] = f.offer(headers[r], pending[r]);
+    EXPECT_EQ(actions[r].kind, PayloadAction::Kind::kReceive);
+  }
+  for (uint32_t r : order) {
+    auto* x = reinterpret_cast<float*>(actions[r].dst.data());
+    for (size_t i = 0; i < count; ++i) x[i] = order_sensitive_input(r, i);
+    f.job->on_contribution_payload(headers[r], pending[r]);
+    actions[r].owner.reset();
+  }
+  std::vector<uint32_t> bits(count);
+  for (auto& m : f.members) {
+    EXPECT_EQ(m->results.size(), 1u);
+    if (m->results.size() != 1) return {};
+    std::vector<uint32_t> got(count);
+    std::memcpy(got.data(), m->results[0].values.data(), count * 4);
+    if (m->rank() == 0) bits = got;
+    EXPECT_EQ(got, bits) << "rank " << m->rank();
+  }
+  // Every slab is back once the op is done: a deterministic chunk held
+  // one per rank.
+  EXPECT_EQ(f.pool->in_use(), 0u);
+  return bits;
+}
+
+// Every order of 4 ranks' headers and payloads gives the bits of the tree
+// (x0 + x1) + (x2 + x3); summed in arrival order, the same inputs come out
+// differently in some orders (so the test can tell the modes apart).
+TEST(Accumulator, ReproducibleSumsAreTheTreesBitsInEveryArrivalOrder) {
+  const size_t count = 97;
+  std::vector<uint32_t> tree(count);
+  for (size_t i = 0; i < count; ++i) {
+    const float sum = (order_sensitive_input(0, i) + order_sensitive_input(1, i)) +
+                      (order_sensitive_input(2, i) + order_sensitive_input(3, i));
+    std::memcpy(&tree[i], &sum, 4);
+  }
+  std::vector<uint32_t> order{0, 1, 2, 3};
+  std::set<std::vector<uint32_t>> deterministic, arrival;
+  int permutations = 0;
+  do {
+    deterministic.insert(sum_in_arrival_order(order, true, count));
+    arrival.insert(sum_in_arrival_order(order, false, count));
+    ++permutations;
+  } while (std::next_permutation(order.begin(), order.end()));
+  EXPECT_EQ(permutations, 24);
+  ASSERT_EQ(deterministic.size(), 1u);
+  EXPECT_EQ(*deterministic.begin(), tree);
+  EXPECT_GT(arrival.size(), 1u);
+}
+
+// An odd world: the tree over 3 ranks is (x0 + x1) + x2, whatever the order.
+TEST(Accumulator, ReproducibleSumsOfAnOddWorldFollowTheTree) {
+  const size_t count = 97;
+  std::vector<uint32_t> tree(count);
+  for (size_t i = 0; i < count; ++i) {
+    const float sum =
+        (order_sensitive_input(0, i) + order_sensitive_input(1, i)) + order_sensitive_input(2, i);
+    std::memcpy(&tree[i], &sum, 4);
+  }
+  std::vector<uint32_t> order{0, 1, 2};
+  do {
+    EXPECT_EQ(sum_in_arrival_order(order, true, count), tree);
+  } while (std::next_permutation(order.begin(), order.end()));
 }
 
 TEST(Accumulator, AverageIsDividedOnceByTheWorldSize) {

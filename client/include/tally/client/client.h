@@ -109,6 +109,13 @@ struct ClientOptions {
   // once the lost reducer is back ("Resuming with replica groups").
   // TALLY_RESUME_BYTES.
   uint64_t resume_bytes = uint64_t{256} << 20;
+  // Reproducible sums: every element of a result is summed over the ranks
+  // in one fixed tree, so the same inputs give the same bits whatever the
+  // arrival order, timing, restarts, shard count or transport
+  // (docs/architecture.md, "Determinism"). Every rank of a job must agree;
+  // it costs the reducers memory (a buffer per rank per chunk in flight).
+  // TALLY_DETERMINISTIC.
+  bool deterministic = false;
   // The level of tally's log lines (trace, debug, info, warn, error,
   // critical, off), set on spdlog's default logger when it is read and when
   // a client connects; empty: left as the process has it (info). The lines

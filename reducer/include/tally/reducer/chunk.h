@@ -14,6 +14,14 @@
 // adds (or copies) the range the partner sends back; the chunk is finished
 // when every step is done and every send has completed.
 //
+// Reproducible sums (a job's `deterministic` setting, docs/architecture.md
+// "Determinism"): every rank's payload lands in a slab of its own, widened
+// like an accumulator, and the slabs combine in one fixed binary tree over
+// the ranks 0..W-1: node [lo, hi) splits at mid = lo + the largest power of
+// two below hi - lo, and [mid, hi)'s sum is added into [lo, mid)'s as soon
+// as both are complete. The tree, not the arrival order, decides every
+// addition, so a result's bits depend only on the inputs.
+//
 // Locking: each chunk has its own mutex, taken inside every method, so
 // different chunks sum in parallel on different I/O threads. It is a leaf
 // under the job's lock (job, then chunk, then quota). Which ranks have been
@@ -70,8 +78,10 @@ class Chunk : public std::enable_shared_from_this<Chunk> {
   // `first` is the first rank's header: what every other rank must match.
   // `steps` is this replica's butterfly schedule (empty with one group).
   // `round` is the job's round it belongs to, which its partials carry.
+  // `deterministic`: the ranks' payloads are summed in the fixed tree.
   Chunk(const FrameHeader& first, Clock::time_point created, Clock::time_point deadline,
-        uint32_t world_size, std::vector<ButterflyStep> steps, uint64_t round = 0);
+        uint32_t world_size, std::vector<ButterflyStep> steps, uint64_t round = 0,
+        bool deterministic = false);
 
   uint64_t op() const { return meta_.op; }
   uint32_t index() const { return meta_.chunk; }
@@ -81,8 +91,9 @@ class Chunk : public std::enable_shared_from_this<Chunk> {
   // Whether `rank`'s header has been accepted.
   bool seen(uint32_t rank) const;
   // Accepts `rank`'s header; its payload goes to `slab`, whose role this
-  // returns (kReplay for a replayed result, `replay`). `member` is
-  // compared, never dereferenced.
+  // returns (kReplay for a replayed result, `replay`; kAccumulator for
+  // every contribution of a deterministic chunk). `member` is compared,
+  // never dereferenced.
   SlabRole accept(uint32_t rank, const JobMember* member, std::shared_ptr<Slab> slab,
                   bool replay = false);
   // Whether the chunk's result is known (a rank's replay was accepted, or
@@ -92,9 +103,9 @@ class Chunk : public std::enable_shared_from_this<Chunk> {
   // Counts `rank` as contributed without its payload (after a replay).
   Progress skip(uint32_t rank, const JobMember* member, uint32_t local_size,
                 const ButterflyContext& context, Status& why);
-  // The payload accepted into `slab` has arrived. kDone when the chunk is
-  // finished, kFailed with `why`.
-  Progress add(SlabRole role, std::shared_ptr<Slab> slab, uint32_t local_size,
+  // The payload of `rank` accepted into `slab` has arrived. kDone when the
+  // chunk is finished, kFailed with `why`.
+  Progress add(uint32_t rank, SlabRole role, std::shared_ptr<Slab> slab, uint32_t local_size,
                const ButterflyContext& context, Status& why);
   // Files a partial from the replica of `from_group` under its butterfly
   // step. Errors: kMismatch naming the replica.
@@ -162,6 +173,11 @@ class Chunk : public std::enable_shared_from_this<Chunk> {
   Progress advance_locked(const ButterflyContext& context, Status& why);
   Status place_locked(uint32_t from_group, const FrameHeader& header, std::shared_ptr<Slab> slab,
                       const ButterflyContext& context);
+  // Adds every node of the sum tree that `rank`'s arrival completes, from
+  // its parent up; the root's sum becomes the accumulator. mu_ held.
+  void combine_locked(uint32_t rank);
+  // Lets go of every sum made so far (the result is known); mu_ held.
+  void drop_sums_locked();
 
   const FrameHeader meta_;
   const Clock::time_point created_;
@@ -173,6 +189,12 @@ class Chunk : public std::enable_shared_from_this<Chunk> {
   std::shared_ptr<Slab> accumulator_;
   bool accumulator_ready_ = false;
   std::vector<std::shared_ptr<Slab>> pending_;
+  // Deterministic: by rank, the slab its payload landed in, which holds the
+  // sum of the ranks [rank, part_end_[rank]) once that is complete (0: not
+  // yet).
+  const bool deterministic_;
+  std::vector<std::shared_ptr<Slab>> parts_;
+  std::vector<uint32_t> part_end_;
   // The first replayed result: every replay of a chunk holds the same bytes
   // (the one sum a reducer computed before it was lost), so it is the
   // result, whatever the contributions add up to here.

@@ -89,6 +89,12 @@ struct JobSettings {
   // The round it starts in (ReplicaJob.round): 0, or the round of the
   // replica whose ReplicaJob created it.
   uint64_t round = 0;
+  // Reproducible sums (Hello.deterministic): each chunk sums its ranks in
+  // the fixed tree of chunk.h. One replica group only (JobTable::admit).
+  bool deterministic = false;
+  // Chunks in flight per stream its workers are told (Welcome); 0: the
+  // reducer's window. Set for reproducible sums (Job::deterministic_window).
+  uint32_t window_chunks = 0;
 };
 
 // What a replica's stream keeps between a partial's header and its payload.
@@ -130,9 +136,20 @@ class Job : public std::enable_shared_from_this<Job> {
   // Workers of this reducer's group.
   uint32_t local_size() const { return local_size_; }
   // Slabs a job needs so that no stream can wait forever for memory
-  // (docs/architecture.md, Memory): window x (1 + 2F) + 2, F the most
-  // partials a participant receives per chunk.
-  static size_t quota_slabs(uint32_t window, size_t participants);
+  // (docs/architecture.md, Memory): window x (H + 2F) + 2, F the most
+  // partials a participant receives per chunk and H the slabs an
+  // unfinished chunk holds: 1 (its accumulator), or with reproducible sums
+  // one per rank of the group (`held_per_chunk`).
+  static size_t quota_slabs(uint32_t window, size_t participants, uint32_t held_per_chunk = 1);
+  // The window (chunks in flight per stream) of a job with reproducible
+  // sums whose group has `local` ranks, on a reducer whose window is
+  // `window` and whose pool has `free_slabs` free: the widest, up to
+  // `window`, whose quota (window x local + 2) they hold; 1 when none does
+  // (its reservation then fails).
+  static uint32_t deterministic_window(uint32_t window, uint32_t local, size_t free_slabs);
+  // The window this job's workers are told, on a reducer whose window is
+  // `window` (JobSettings::window_chunks).
+  uint32_t window_chunks(uint32_t window) const;
   // Another replica's description of the job: the same world size and group
   // sizes, or kMismatch naming both.
   Status check_replica_settings(const wire::ReplicaJob& replica, const std::string& who) const;
