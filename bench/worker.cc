@@ -254,7 +254,7 @@ std::vector<ReducerRow> Sweep::reducer_rows(const std::vector<Counters>& before,
       for (int t = 0; t < turns; ++t) {
         const double ops = (sweep_.iters - t + turns - 1) / turns;
         const Expected e = expected_bytes(client_.plan(count, dtype_, first_timed + t), esize_, s,
-                                          g, group_sizes_);
+                                          g, group_sizes_, options_.deterministic);
         rr.expected.worker += e.worker * ops / n;
         rr.expected.replica_in += e.replica_in * ops / n;
         rr.expected.replica_out += e.replica_out * ops / n;

@@ -1,6 +1,6 @@
 #include "tally/reducer/chunk.h"
 
-#include <bit>
+#include <algorithm>
 #include <cstring>
 
 #include "tally/reducer/kernels.h"
@@ -97,7 +97,7 @@ Chunk::Progress Chunk::add(uint32_t rank, SlabRole role, std::shared_ptr<Slab> s
   } else if (deterministic_) {
     load_payload(dtype, parts_[rank]->data(), nbytes);
     part_end_[rank] = rank + 1;
-    combine_locked(rank);
+    combine_locked({rank, rank + 1});
   } else if (role == SlabRole::kAccumulator) {
     load_payload(dtype, accumulator_->data(), nbytes);
     accumulator_ready_ = true;
@@ -128,27 +128,19 @@ Chunk::Progress Chunk::skip(uint32_t rank, const JobMember* member, uint32_t loc
   return completed_locked(local_size, context, why);
 }
 
-void Chunk::combine_locked(uint32_t rank) {
-  struct Node {
-    uint32_t lo, mid, hi;
-  };
-  // The nodes from the root down to the rank's parent.
-  std::vector<Node> path;
-  uint32_t lo = 0;
-  uint32_t hi = static_cast<uint32_t>(parts_.size());
-  while (hi - lo > 1) {
-    const uint32_t mid = lo + std::bit_floor(hi - lo - 1);
-    path.push_back({lo, mid, hi});
-    (rank < mid ? hi : lo) = mid;
-  }
+void Chunk::combine_locked(TreeNode node) {
+  const auto world = static_cast<uint32_t>(parts_.size());
+  const std::vector<TreeNode> above = sum_tree_ancestors(world, node);
   const DType acc_dtype = accumulator_dtype(meta_.dtype);
   const size_t acc_bytes = meta_.length / dtype_size(meta_.dtype) * dtype_size(acc_dtype);
-  for (auto node = path.rbegin(); node != path.rend(); ++node) {
-    if (part_end_[node->lo] != node->mid || part_end_[node->mid] != node->hi) return;
-    reduce_into(acc_dtype, parts_[node->lo]->data(), parts_[node->mid]->data(), acc_bytes);
-    parts_[node->mid].reset();
-    part_end_[node->lo] = node->hi;
+  for (auto n = above.rbegin(); n != above.rend(); ++n) {
+    const uint32_t mid = sum_tree_mid(n->lo, n->hi);
+    if (part_end_[n->lo] != mid || part_end_[mid] != n->hi) return;
+    reduce_into(acc_dtype, parts_[n->lo]->data(), parts_[mid]->data(), acc_bytes);
+    parts_[mid].reset();
+    part_end_[n->lo] = n->hi;
   }
+  if (part_end_[0] != world) return;
   accumulator_ = std::move(parts_[0]);
   accumulator_ready_ = true;
 }
@@ -157,15 +149,109 @@ void Chunk::drop_sums_locked() {
   accumulator_.reset();
   pending_.clear();
   for (auto& p : parts_) p.reset();
+  tree_received_.clear();
+}
+
+std::optional<uint32_t> Chunk::tree_missing_locked(const ButterflyContext& context) const {
+  const auto& covers = context.tree_covers;
+  for (uint32_t p = 0; p < covers.size(); ++p) {
+    if (p == context.self) continue;
+    for (const TreeNode& node : covers[p]) {
+      if (!tree_received_.contains(node.lo)) return p;
+    }
+  }
+  return std::nullopt;
+}
+
+Status Chunk::place_tree_part_locked(uint32_t from_group, const FrameHeader& h,
+                                     std::shared_ptr<Slab> slab, const ButterflyContext& context,
+                                     const std::function<Status(const std::string&)>& bad) {
+  const auto& participants = context.participants;
+  const auto from = static_cast<uint32_t>(
+      std::find(participants.begin(), participants.end(), from_group) - participants.begin());
+  const TreeNode* node = nullptr;
+  if (from < context.tree_covers.size() && from != context.self) {
+    for (const TreeNode& n : context.tree_covers[from]) {
+      if (n.lo == h.rank) node = &n;
+    }
+  }
+  if (!node) {
+    return bad("has tag " + std::to_string(h.rank) +
+               ", which is not the first rank of a part of the sum tree that replica sums");
+  }
+  const size_t acc_bytes =
+      meta_.length / dtype_size(meta_.dtype) * dtype_size(accumulator_dtype(meta_.dtype));
+  if (h.offset != meta_.offset || h.length != acc_bytes) {
+    return bad("covers bytes [" + std::to_string(h.offset) + ", +" + std::to_string(h.length) +
+               "), a part of the sum tree is the whole chunk [" + std::to_string(meta_.offset) +
+               ", +" + std::to_string(acc_bytes) + ")");
+  }
+  if (tree_received_.contains(node->lo) || done_reported_) return bad("arrived twice");
+  tree_received_[node->lo] = {*node, std::move(slab)};
+  return Status::ok();
+}
+
+Chunk::Progress Chunk::exchange_tree_locked(const ButterflyContext& context, Status& why) {
+  const auto& covers = context.tree_covers;
+  if (!tree_sent_) {
+    tree_sent_ = true;
+    const size_t acc_bytes =
+        meta_.length / dtype_size(meta_.dtype) * dtype_size(accumulator_dtype(meta_.dtype));
+    for (const TreeNode& node : covers[context.self]) {
+      // Every rank of the group is in, so its cover is summed.
+      TALLY_CHECK_EQ(part_end_[node.lo], node.hi);
+      FrameHeader h = meta_;
+      h.kind = FrameKind::kPartial;
+      h.round = round_;
+      h.rank = node.lo;
+      h.flags = partial_flags(meta_);
+      h.length = acc_bytes;
+      for (uint32_t p = 0; p < covers.size(); ++p) {
+        if (p == context.self) continue;
+        sends_pending_++;
+        context.replica_bytes_sent.fetch_add(h.length, std::memory_order_relaxed);
+        std::weak_ptr<Chunk> weak = weak_from_this();
+        context.mesh->send_partial(
+            context.participants[p], h, parts_[node.lo], 0, deadline_,
+            [weak] {
+              auto self = weak.lock();
+              return self && !self->dropped();
+            },
+            context.on_sent(shared_from_this()));
+      }
+    }
+  }
+  if (auto missing = tree_missing_locked(context)) {
+    if (auto left = context.left(context.participants[*missing])) {
+      why = *left;
+      return Progress::kFailed;
+    }
+    return Progress::kWaiting;
+  }
+  // Never write into a node while a send still reads it.
+  if (sends_pending_ > 0) return Progress::kWaiting;
+  for (auto& [lo, part] : tree_received_) {
+    parts_[lo] = std::move(part.slab);
+    part_end_[lo] = part.node.hi;
+  }
+  for (const auto& cover : covers) {
+    for (const TreeNode& node : cover) combine_locked(node);
+  }
+  tree_received_.clear();
+  TALLY_CHECK(accumulator_ready_);
+  done_reported_ = true;
+  return Progress::kDone;
 }
 
 Chunk::Progress Chunk::completed_locked(uint32_t local_size, const ButterflyContext& context,
                                         Status& why) {
   if (added_ < local_size || done_reported_) return Progress::kWaiting;
   // Every payload is in: a replay's (or another replica's final result),
-  // or every contribution's.
-  TALLY_CHECK(replay_ || (accumulator_ready_ && pending_.empty()));
-  if (steps_.empty() || replay_) {
+  // or every contribution's (with reproducible sums and replica groups,
+  // only this group's part of the tree is summed).
+  TALLY_CHECK(replay_ || (accumulator_ready_ && pending_.empty()) ||
+              (deterministic_ && context.participants.size() > 1));
+  if (context.participants.size() == 1 || replay_) {
     // A known result needs no butterfly; a send of one still under way
     // holds its own reference to the slab it reads.
     done_reported_ = true;
@@ -196,6 +282,7 @@ Status Chunk::place_locked(uint32_t from_group, const FrameHeader& h, std::share
     return bad("disagrees with this group's contributions: it has " + chunk_shape(h) + ", here " +
                chunk_shape(m));
   }
+  if (deterministic_) return place_tree_part_locked(from_group, h, std::move(slab), context, bad);
   for (size_t i = 0; i < steps_.size(); ++i) {
     const ButterflyStep& s = steps_[i];
     if (context.participants[s.partner] != from_group || s.tag != h.rank || s.recv.empty())
@@ -241,7 +328,7 @@ Chunk::Progress Chunk::on_final(uint32_t from_group, const FrameHeader& h,
 std::shared_ptr<Slab> Chunk::final_to_send(FrameHeader& header) {
   std::lock_guard lock(mu_);
   // Only a worker's replay: another replica's final went to every replica.
-  if (failed_ || !replay_ || !replay_accepted_ || final_sent_ || steps_.empty()) return nullptr;
+  if (failed_ || !replay_ || !replay_accepted_ || final_sent_) return nullptr;
   final_sent_ = true;
   header = final_header(meta_);
   header.round = round_;
@@ -292,6 +379,20 @@ Chunk::Progress Chunk::on_replica_left(uint32_t group, const ButterflyContext& c
                                        const Status& why, Status& failed) {
   std::lock_guard lock(mu_);
   if (failed_) return Progress::kWaiting;
+  if (deterministic_) {
+    if (done_reported_ || replay_) return Progress::kWaiting;
+    const auto& covers = context.tree_covers;
+    for (uint32_t p = 0; p < covers.size(); ++p) {
+      if (p == context.self || context.participants[p] != group) continue;
+      for (const TreeNode& node : covers[p]) {
+        if (!tree_received_.contains(node.lo)) {
+          failed = why;
+          return Progress::kFailed;
+        }
+      }
+    }
+    return Progress::kWaiting;
+  }
   for (size_t i = step_; i < steps_.size(); ++i) {
     const ButterflyStep& s = steps_[i];
     if (context.participants[s.partner] == group && !s.recv.empty() && !arrived_[i]) {
@@ -304,6 +405,7 @@ Chunk::Progress Chunk::on_replica_left(uint32_t group, const ButterflyContext& c
 
 Chunk::Progress Chunk::advance_locked(const ButterflyContext& context, Status& why) {
   if (failed_ || done_reported_ || replay_) return Progress::kWaiting;
+  if (deterministic_) return exchange_tree_locked(context, why);
   // Header offsets count the op's elements; the accumulator (and so every
   // partial's payload) holds accumulator elements.
   const size_t esize = dtype_size(meta_.dtype);
@@ -371,12 +473,18 @@ void Chunk::fail() {
   arrived_.clear();
 }
 
-Chunk::Waiting Chunk::waiting(const std::vector<uint32_t>& participants) const {
+Chunk::Waiting Chunk::waiting(const ButterflyContext& context) const {
   std::lock_guard lock(mu_);
   Waiting out;
   out.local_done = local_done_;
   if (local_done_) {
-    if (step_ < steps_.size()) out.replica = participants[steps_[step_].partner];
+    if (deterministic_) {
+      if (auto missing = tree_missing_locked(context)) {
+        out.replica = context.participants[*missing];
+      }
+    } else if (step_ < steps_.size()) {
+      out.replica = context.participants[steps_[step_].partner];
+    }
   } else {
     out.seen = seen_;
   }

@@ -43,6 +43,17 @@ std::vector<uint32_t> participating_groups(const JobSettings& settings) {
   return groups;
 }
 
+// Reproducible sums with replica groups: by participant index, the cover of
+// its group's ranks (sum_tree.h).
+std::vector<std::vector<TreeNode>> participant_covers(const JobSettings& settings,
+                                                      const std::vector<uint32_t>& participants) {
+  if (!settings.deterministic || participants.size() < 2) return {};
+  const auto covers = sum_tree_covers(settings.group_sizes);
+  std::vector<std::vector<TreeNode>> out;
+  for (uint32_t g : participants) out.push_back(covers[g]);
+  return out;
+}
+
 // Where `group` is in `groups` (0 if it has no workers in the job).
 uint32_t index_of_group(const std::vector<uint32_t>& groups, uint32_t group) {
   auto it = std::find(groups.begin(), groups.end(), group);
@@ -62,7 +73,10 @@ Job::Job(JobSettings settings, std::shared_ptr<SlabQuota> quota, ReducerCounters
       my_index_(index_of_group(participants_, settings_.group)),
       local_size_(settings_.group_sizes.empty() ? settings_.world_size
                                                 : settings_.group_sizes[settings_.group]),
-      butterfly_{participants_, mesh_.get(), counters_[Count::kReplicaBytesSent],
+      tree_covers_(participant_covers(settings_, participants_)),
+      butterfly_{participants_,
+                 mesh_.get(),
+                 counters_[Count::kReplicaBytesSent],
                  [this](uint32_t group) { return left_groups_.find(group); },
                  [this](std::shared_ptr<Chunk> chunk) -> ReplicaMesh::SendDone {
                    return [self = shared_from_this(), chunk](const Status& status) {
@@ -70,7 +84,9 @@ Job::Job(JobSettings settings, std::shared_ptr<SlabQuota> quota, ReducerCounters
                      const Chunk::Progress progress = chunk->on_sent(status, self->butterfly_, why);
                      self->settle(chunk, progress, why);
                    };
-                 }},
+                 },
+                 tree_covers_,
+                 my_index_},
       members_(settings_.world_size),
       memberless_since_(Clock::now()),
       round_(settings_.round),
@@ -84,13 +100,19 @@ Job::~Job() {
   if (quota_) quota_->retire();
 }
 
-size_t Job::quota_slabs(uint32_t window, size_t participants, uint32_t held_per_chunk) {
+size_t Job::quota_slabs(uint32_t window, size_t participants) {
   const size_t receives = butterfly_max_receives(static_cast<uint32_t>(participants));
-  return size_t{window} * (held_per_chunk + 2 * receives) + 2;
+  return size_t{window} * (1 + 2 * receives) + 2;
 }
 
-uint32_t Job::deterministic_window(uint32_t window, uint32_t local, size_t free_slabs) {
-  const size_t fits = free_slabs > 2 ? (free_slabs - 2) / std::max<uint32_t>(local, 1) : 0;
+size_t Job::deterministic_quota_slabs(uint32_t window, uint32_t local, size_t received) {
+  return size_t{window} * (local + 2 * received) + 2;
+}
+
+uint32_t Job::deterministic_window(uint32_t window, uint32_t local, size_t received,
+                                   size_t free_slabs) {
+  const size_t per_chunk = std::max<size_t>(local + 2 * received, 1);
+  const size_t fits = free_slabs > 2 ? (free_slabs - 2) / per_chunk : 0;
   return static_cast<uint32_t>(std::clamp<size_t>(fits, 1, std::max<uint32_t>(window, 1)));
 }
 
@@ -322,7 +344,7 @@ std::shared_ptr<Chunk> Job::chunk_for_locked(const FrameHeader& h) {
   const ChunkKey key{h.op, h.chunk};
   if (auto it = chunks_.find(key); it != chunks_.end()) return it->second;
   std::vector<ButterflyStep> steps;
-  if (participants_.size() > 1) {
+  if (participants_.size() > 1 && !settings_.deterministic) {
     steps = butterfly_schedule(static_cast<uint32_t>(participants_.size()), my_index_,
                                h.length / dtype_size(h.dtype));
   }

@@ -33,6 +33,13 @@ Status Job::check_replica_settings(const wire::ReplicaJob& replica, const std::s
                       sizes_string(settings_.group_sizes) +
                       " (every rank must use the same TALLY_GROUPS and groups)");
   }
+  if (replica.deterministic() != settings_.deterministic) {
+    return Status(ErrorCode::kMismatch,
+                  "job '" + name() + "' has " + (settings_.deterministic ? "" : "no ") +
+                      "reproducible sums on " + replica_name() + " but " +
+                      (replica.deterministic() ? "" : "no ") + "reproducible sums on " + who +
+                      " (set TALLY_DETERMINISTIC the same on every rank)");
+  }
   if (replica.authenticated() != settings_.authenticated) {
     return Status(ErrorCode::kUnauthenticated,
                   "job '" + name() + "' is " + (settings_.authenticated ? "" : "not ") +
@@ -57,6 +64,7 @@ std::shared_ptr<const wire::Control> Job::replica_job_message_locked() const {
   rj->set_op_timeout_ms(static_cast<uint32_t>(settings_.op_timeout.count()));
   rj->set_groups_explicit(settings_.groups_explicit);
   rj->set_authenticated(settings_.authenticated);
+  rj->set_deterministic(settings_.deterministic);
   rj->set_round(round_.number());
   if (marks_.group_known()) {
     rj->set_has_mark(true);

@@ -39,7 +39,7 @@ size_t Job::sweep(Clock::time_point now) {
     if (!straggling) continue;
     std::vector<uint32_t> ranks;
     std::string note;
-    const Chunk::Waiting waiting = chunk->waiting(participants_);
+    const Chunk::Waiting waiting = chunk->waiting(butterfly_);
     const std::optional<uint32_t> replica = waiting.replica;
     if (!waiting.local_done) ranks = missing_locked(waiting.seen, &note);
     for (uint32_t r : ranks) {

@@ -68,16 +68,17 @@ Result<std::shared_ptr<Job>> JobTable::admit(const wire::Hello& hello, bool auth
                         std::to_string(hello.world_size()) + " or leave its own group empty");
     }
   }
-  if (hello.deterministic()) {
+  if (hello.deterministic() && hello.groups_explicit()) {
+    // The replicas add the groups' parts of the sum tree by the ranks they
+    // hold, which only the default groups tell every replica.
     size_t groups = 0;
     for (uint32_t n : sizes) groups += n > 0;
     if (groups > 1) {
       return Status(ErrorCode::kInvalidArgument,
                     who +
-                        " asks for reproducible sums (TALLY_DETERMINISTIC), which are summed "
-                        "for a job of one replica group only, and its job has workers in " +
-                        std::to_string(groups) +
-                        " groups (run it on one group, or without TALLY_DETERMINISTIC)");
+                        " asks for reproducible sums (TALLY_DETERMINISTIC) with groups set by "
+                        "TALLY_GROUP; with more than one group they need the default groups "
+                        "(contiguous blocks of ranks): unset TALLY_GROUP and TALLY_GROUP_SIZES");
     }
   }
   std::lock_guard lock(mu_);
@@ -154,31 +155,39 @@ Result<std::shared_ptr<Job>> JobTable::create_locked(JobSettings settings) {
   size_t participants = 0;
   for (uint32_t n : settings.group_sizes) participants += n > 0;
   participants = std::max<size_t>(participants, 1);
-  // A deterministic chunk holds a slab per rank of the group until its tree
-  // is summed: its window is what the free slabs allow, up to the reducer's.
-  const uint32_t local =
-      settings.group_sizes.empty() ? settings.world_size : settings.group_sizes[settings.group];
-  uint32_t window = options_.window_chunks;
+  // A deterministic chunk holds a slab per rank of the group, and the
+  // other groups' parts of the sum tree, until its tree is summed: its
+  // window is what the free slabs allow, up to the reducer's.
+  size_t slabs = Job::quota_slabs(options_.window_chunks, participants);
+  std::string held;
   if (settings.deterministic) {
-    window = Job::deterministic_window(window, local, pool_->available());
+    const uint32_t local =
+        settings.group_sizes.empty() ? settings.world_size : settings.group_sizes[settings.group];
+    size_t received = 0;
+    if (participants > 1) {
+      const auto covers = sum_tree_covers(settings.group_sizes);
+      for (uint32_t g = 0; g < covers.size(); ++g) {
+        if (g != settings.group) received += covers[g].size();
+      }
+    }
+    const uint32_t window =
+        Job::deterministic_window(options_.window_chunks, local, received, pool_->available());
     settings.window_chunks = window;
+    slabs = Job::deterministic_quota_slabs(window, local, received);
+    held =
+        " (reproducible sums hold a chunk buffer per rank and per part of the sum tree from "
+        "another group: window " +
+        std::to_string(window) + " x (" + std::to_string(local) + " + 2 x " +
+        std::to_string(received) + ") + 2)";
     if (window < options_.window_chunks) {
       spdlog::info(
-          "job '{}': reproducible sums over {} ranks get a window of {} chunks, not {} (the free "
-          "chunk buffers hold {} x {} + 2; --memory-budget sets them)",
-          settings.name, local, window, options_.window_chunks, window, local);
+          "job '{}': reproducible sums get a window of {} chunks, not {} (the free chunk buffers "
+          "hold {} = {} x ({} + 2 x {}) + 2; --memory-budget sets them)",
+          settings.name, window, options_.window_chunks, slabs, window, local, received);
     }
   }
-  auto quota = SlabQuota::reserve(
-      pool_, Job::quota_slabs(window, participants, settings.deterministic ? local : 1));
-  if (!quota) {
-    return quota.status().with_context(
-        "job '" + settings.name + "'" +
-        (settings.deterministic
-             ? " (reproducible sums hold a chunk buffer per rank: window " +
-                   std::to_string(window) + " x " + std::to_string(local) + " ranks + 2)"
-             : ""));
-  }
+  auto quota = SlabQuota::reserve(pool_, slabs);
+  if (!quota) return quota.status().with_context("job '" + settings.name + "'" + held);
   if (auto t = tombstones_.find(settings.name); t != tombstones_.end()) {
     if (std::chrono::steady_clock::now() - t->second.ended < kTombstoneLife) {
       settings.history = t->second.departures;
@@ -226,6 +235,7 @@ Result<std::shared_ptr<Job>> JobTable::admit_replica_job(const wire::ReplicaJob&
   settings.op_timeout = std::chrono::milliseconds(rj.op_timeout_ms());
   settings.group_sizes = sizes;
   settings.groups_explicit = rj.groups_explicit();
+  settings.deterministic = rj.deterministic();
   settings.authenticated = rj.authenticated();
   settings.round = rj.round();
   return create_locked(std::move(settings));

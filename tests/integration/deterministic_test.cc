@@ -54,17 +54,38 @@ std::map<int, std::string> run_job(TestCluster& cluster, const std::string& tag,
   return reference;
 }
 
-PoolSpec shards(uint32_t s, const std::string& transport = "tcp") {
+PoolSpec shape(uint32_t shards, uint32_t groups = 1, const std::string& transport = "tcp") {
   PoolSpec spec;
-  spec.shards = s;
+  spec.shards = shards;
+  spec.groups = groups;
   spec.transport = transport;
   return spec;
 }
 
-TEST(Deterministic, TheSameBitsUnderOtherTimingARestartAndAnotherShardCount) {
+// Kills reducer `index` once every rank has printed op 4's result (rank 0,
+// told to stall before op 5, is then held back while the others have sent
+// op 5), and starts it again at its address.
+std::function<void(WorkerGroup&)> restart_during_op_5(TestCluster& cluster, uint32_t index) {
+  return [&cluster, index](WorkerGroup& workers) {
+    ASSERT_TRUE(eventually(
+        [&] {
+          for (uint32_t r = 0; r < kWorld; ++r) {
+            if (!contains(workers.stdout_of(r), "op 4 ok hash")) return false;
+          }
+          return true;
+        },
+        60s));
+    cluster.kill_reducer(index, SIGKILL);
+    ASSERT_TRUE(cluster.restart_reducer(index).is_ok());
+  };
+}
+
+const Args kStallBeforeOp5{"--stall-op", "5", "--stall-ms", "1500"};
+
+TEST(Deterministic, TheSameBitsUnderOtherTimingRestartsAndOtherPoolShapes) {
   std::map<int, std::string> base, base16;
   {
-    TestCluster cluster(shards(1));
+    TestCluster cluster(shape(1));
     ASSERT_TRUE(cluster.ok()) << cluster.error();
     base = run_job(cluster, "plain");
     base16 = run_job(cluster, "plain16", {}, {}, kWork16);
@@ -72,27 +93,31 @@ TEST(Deterministic, TheSameBitsUnderOtherTimingARestartAndAnotherShardCount) {
     EXPECT_EQ(run_job(cluster, "late", {"--stall-op", "3", "--stall-ms", "300"}), base);
     // The reducer is killed while rank 0 is held back before op 5 and the
     // others have sent theirs, and restarted: every rank sends op 5 again.
-    EXPECT_EQ(run_job(cluster, "restart", {"--stall-op", "5", "--stall-ms", "1500"},
-                      [&](WorkerGroup& workers) {
-                        ASSERT_TRUE(eventually(
-                            [&] {
-                              for (uint32_t r = 0; r < kWorld; ++r) {
-                                if (!contains(workers.stdout_of(r), "op 4 ok hash")) return false;
-                              }
-                              return true;
-                            },
-                            60s));
-                        cluster.kill_reducer(0, SIGKILL);
-                        ASSERT_TRUE(cluster.restart_reducer(0).is_ok());
-                      }),
-              base);
+    EXPECT_EQ(run_job(cluster, "restart", kStallBeforeOp5, restart_during_op_5(cluster, 0)), base);
     // The ranks that had sent op 5 went on with it on the restarted reducer.
     EXPECT_TRUE(contains(cluster.reducer_log(0), "' resumed from")) << cluster.reducer_log(0);
   }
-  TestCluster two(shards(2));
-  ASSERT_TRUE(two.ok()) << two.error();
-  EXPECT_EQ(run_job(two, "two-shards"), base);
-  EXPECT_EQ(run_job(two, "two-shards16", {}, {}, kWork16), base16);
+  {
+    TestCluster two(shape(2));
+    ASSERT_TRUE(two.ok()) << two.error();
+    EXPECT_EQ(run_job(two, "two-shards"), base);
+    EXPECT_EQ(run_job(two, "two-shards16", {}, {}, kWork16), base16);
+  }
+  // Two replica groups of two ranks: each sums its half of the tree and the
+  // replicas add the halves; then a replica is killed and restarted mid-op
+  // (the shard starts the op again on both groups).
+  {
+    TestCluster groups(shape(1, 2));
+    ASSERT_TRUE(groups.ok()) << groups.error();
+    EXPECT_EQ(run_job(groups, "two-groups"), base);
+    EXPECT_EQ(run_job(groups, "two-groups16", {}, {}, kWork16), base16);
+    EXPECT_EQ(run_job(groups, "replica-restart", kStallBeforeOp5, restart_during_op_5(groups, 1)),
+              base);
+  }
+  // Three groups of 2, 1 and 1 ranks, over two shards.
+  TestCluster three(shape(2, 3));
+  ASSERT_TRUE(three.ok()) << three.error();
+  EXPECT_EQ(run_job(three, "three-groups"), base);
 }
 
 // The same inputs over the libfabric data path and three shards.
@@ -100,11 +125,11 @@ TEST(Deterministic, TheSameBitsOverFabricAndThreeShards) {
   TALLY_SKIP_UNLESS_TRANSPORT("fabric");
   std::map<int, std::string> base;
   {
-    TestCluster cluster(shards(1));
+    TestCluster cluster(shape(1));
     ASSERT_TRUE(cluster.ok()) << cluster.error();
     base = run_job(cluster, "tcp");
   }
-  TestCluster fabric(shards(3, "fabric"));
+  TestCluster fabric(shape(3, 1, "fabric"));
   ASSERT_TRUE(fabric.ok()) << fabric.error();
   EXPECT_EQ(run_job(fabric, "fabric"), base);
 }
@@ -112,7 +137,7 @@ TEST(Deterministic, TheSameBitsOverFabricAndThreeShards) {
 // A rank that does not ask for reproducible sums is refused by a job whose
 // first rank did (and the job runs on with its own), naming the setting.
 TEST(Deterministic, ARankThatDisagreesIsRefusedAtConnect) {
-  TestCluster cluster(shards(1));
+  TestCluster cluster(shape(1));
   ASSERT_TRUE(cluster.ok()) << cluster.error();
   const std::string job = unique_job("disagree");
   auto env = [&](uint32_t rank, const std::string& deterministic) {
@@ -137,23 +162,20 @@ TEST(Deterministic, ARankThatDisagreesIsRefusedAtConnect) {
   EXPECT_EQ(wait_worker(rank0, cluster, "d0", 30s).exit_code, 0);
 }
 
-// Reproducible sums are summed for a job of one replica group only: a job
-// spread over two is refused at connect, saying so.
-TEST(Deterministic, AJobOfTwoReplicaGroupsIsRefusedAtConnect) {
-  PoolSpec spec;
-  spec.groups = 2;
-  TestCluster cluster(spec);
+// With replica groups the replicas add the groups' parts of the tree by the
+// ranks each holds, which only the default groups tell them: a job whose
+// groups come from TALLY_GROUP is refused at connect, saying so.
+TEST(Deterministic, ExplicitGroupsAreRefusedAtConnect) {
+  TestCluster cluster(shape(1, 2));
   ASSERT_TRUE(cluster.ok()) << cluster.error();
-  WorkerGroup workers(cluster, "g", unique_job("groups"), 2,
-                      [](uint32_t) {
-                        return Args{"--count", "10"};
-                      },
-                      {{"TALLY_DETERMINISTIC", "1"}});
-  for (uint32_t r = 0; r < 2; ++r) {
-    WorkerOutput out = workers.wait(r, 30s);
-    EXPECT_EQ(out.exit_code, 2) << out.out;
-    EXPECT_TRUE(contains(out.out, "one replica group only")) << out.out;
-  }
+  auto env = cluster.worker_env(unique_job("explicit"), 0, 2);
+  env["TALLY_DETERMINISTIC"] = "1";
+  env["TALLY_GROUP"] = "0";
+  env["TALLY_GROUP_SIZES"] = "1,1";
+  bench::Process rank0 = cluster.spawn_worker("e0", {"--count", "10"}, env);
+  WorkerOutput out = wait_worker(rank0, cluster, "e0", 30s);
+  EXPECT_EQ(out.exit_code, 2) << out.out;
+  EXPECT_TRUE(contains(out.out, "need the default groups")) << out.out;
 }
 
 }  // namespace

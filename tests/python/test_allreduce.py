@@ -191,3 +191,23 @@ def test_float32_on_the_bfloat16_wire_is_within_its_bound(pool, op):
         np.testing.assert_array_equal(results[rank], results[0])
     for c in clients:
         c.close()
+
+
+def test_reproducible_sums_follow_the_rank_tree(pool):
+    """deterministic=True: W=3 ranks' float32 sums are the tree's (x0 + x1) + x2 in
+    float32, bit for bit, over both shards; fractions whose sum depends on its order."""
+    clients = connect(pool.address, new_job("ar-deterministic"), WORLD, deterministic=True)
+    count = 9477
+    i = np.arange(count, dtype=np.float64)
+    inputs = [(1.0 / (1.0 + (r * 131 + i * 7) % 97) + r % 5).astype(np.float32) for r in range(3)]
+
+    def run(rank, client):
+        buf = torch.from_numpy(inputs[rank].copy())
+        client.allreduce(buf)
+        return buf.numpy()
+
+    tree = (inputs[0] + inputs[1]) + inputs[2]
+    for rank, got in enumerate(on_every_rank(clients, run)):
+        np.testing.assert_array_equal(got.view(np.uint32), tree.view(np.uint32), "rank %d" % rank)
+    for c in clients:
+        c.close()

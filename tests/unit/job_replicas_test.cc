@@ -8,6 +8,7 @@
 #include <cstring>
 #include <mutex>
 #include <numeric>
+#include <random>
 #include <vector>
 
 #include "job_test_support.h"
@@ -29,9 +30,10 @@ using job_testing::RecordingMember;
 
 namespace groups {
 
-// World 5 in groups {0,1}, {2,3}, {4}; one chunk of `count` floats.
+// World 5 in groups {0,1}, {2,3}, {4}; one chunk of `count` floats;
+// `deterministic`: reproducible sums.
 struct Pool {
-  explicit Pool(size_t count) : count(count) {
+  explicit Pool(size_t count, bool deterministic = false) : count(count) {
     slabs = *SlabPool::create(4096, 64);
     for (uint32_t g = 0; g < 3; ++g) {
       JobSettings settings;
@@ -40,9 +42,13 @@ struct Pool {
       settings.group = g;
       settings.group_sizes = {2, 2, 1};
       settings.op_timeout = std::chrono::milliseconds(1000);
+      settings.deterministic = deterministic;
       meshes.push_back(std::make_shared<QueueMesh>(wire, g));
-      jobs.push_back(std::make_shared<Job>(
-          settings, *SlabQuota::reserve(slabs, Job::quota_slabs(1, 3)), counters, meshes.back()));
+      // Each group's cover is one node: two come from the others.
+      const size_t quota =
+          deterministic ? Job::deterministic_quota_slabs(1, 2, 2) : Job::quota_slabs(1, 3);
+      jobs.push_back(std::make_shared<Job>(settings, *SlabQuota::reserve(slabs, quota), counters,
+                                           meshes.back()));
     }
     for (uint32_t r = 0; r < 5; ++r) {
       members.push_back(std::make_shared<RecordingMember>(r));
@@ -88,12 +94,13 @@ struct Pool {
     jobs[group_of(r)]->on_contribution_payload(h, p);
   }
 
-  // Delivers the oldest queued partial; false when none is queued. A
-  // partial its receiver does not take is dropped (counted in `discarded`).
-  bool deliver_one() {
+  // Delivers the queued partial `at` (the oldest by default); false when
+  // none is queued. A partial its receiver does not take is dropped
+  // (counted in `discarded`).
+  bool deliver_one(size_t at = 0) {
     if (wire.empty()) return false;
-    QueuedPartial q = std::move(wire.front());
-    wire.erase(wire.begin());
+    QueuedPartial q = std::move(wire[at % wire.size()]);
+    wire.erase(wire.begin() + static_cast<std::ptrdiff_t>(at % wire.size()));
     PendingPartial pending;
     auto action = jobs[q.to]->on_partial_header(q.from, q.header, pending, [] {});
     if (action.kind == PayloadAction::Kind::kReceive) {
@@ -311,18 +318,55 @@ TEST(ReplicaGroups, QuotaCoversThePartials) {
   EXPECT_EQ(Job::quota_slabs(1, 3), 9u);
 }
 
-// Reproducible sums: a chunk holds a slab per rank, so a job gets the
-// widest window up to the reducer's whose quota the free slabs hold.
+// Reproducible sums: a chunk holds a slab per rank of the group and per
+// part of the tree from another group (twice: the partials' bound), so a
+// job gets the widest window up to the reducer's whose quota the free slabs
+// hold.
 TEST(ReplicaGroups, ReproducibleSumsQuotaCoversARankPerChunk) {
-  EXPECT_EQ(Job::deterministic_window(8, 4, 128), 8u);
-  EXPECT_EQ(Job::quota_slabs(8, 1, 4), 34u);
-  EXPECT_EQ(Job::deterministic_window(8, 16, 128), 7u);
-  EXPECT_EQ(Job::quota_slabs(7, 1, 16), 114u);
-  EXPECT_EQ(Job::deterministic_window(8, 16, 113), 6u);
-  EXPECT_EQ(Job::deterministic_window(8, 126, 128), 1u);
+  EXPECT_EQ(Job::deterministic_window(8, 4, 0, 128), 8u);
+  EXPECT_EQ(Job::deterministic_quota_slabs(8, 4, 0), 34u);
+  EXPECT_EQ(Job::deterministic_window(8, 16, 0, 128), 7u);
+  EXPECT_EQ(Job::deterministic_quota_slabs(7, 16, 0), 114u);
+  EXPECT_EQ(Job::deterministic_window(8, 16, 0, 113), 6u);
+  EXPECT_EQ(Job::deterministic_window(8, 126, 0, 128), 1u);
   // None fits: a window of 1, whose reservation then fails.
-  EXPECT_EQ(Job::deterministic_window(8, 127, 128), 1u);
-  EXPECT_EQ(Job::deterministic_window(8, 4, 0), 1u);
+  EXPECT_EQ(Job::deterministic_window(8, 127, 0, 128), 1u);
+  EXPECT_EQ(Job::deterministic_window(8, 4, 0, 0), 1u);
+  // W = 4 in two groups: 2 ranks and the other group's one node.
+  EXPECT_EQ(Job::deterministic_quota_slabs(8, 2, 1), 34u);
+  EXPECT_EQ(Job::deterministic_window(8, 2, 1, 128), 8u);
+}
+
+// Reproducible sums with replica groups: whatever the order in which the
+// ranks arrive and the groups' parts of the tree are delivered, every rank
+// of every group gets the bits of the sum tree over the 5 ranks,
+// ((x0 + x1) + (x2 + x3)) + x4, which a pool of one group gives too.
+TEST(ReplicaGroups, ReproducibleSumsAreTheTreesBitsWhateverTheOrder) {
+  const size_t count = 100;
+  auto x = [](uint32_t r, size_t i) { return 1.0f / static_cast<float>(r + 3 + i); };
+  std::vector<float> tree(count);
+  for (size_t i = 0; i < count; ++i)
+    tree[i] = ((x(0, i) + x(1, i)) + (x(2, i) + x(3, i))) + x(4, i);
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 30; ++trial) {
+    Pool pool(count, /*deterministic=*/true);
+    std::vector<uint32_t> ranks{0, 1, 2, 3, 4};
+    std::shuffle(ranks.begin(), ranks.end(), rng);
+    for (uint32_t r : ranks) {
+      pool.contribute(r);
+      if (rng() % 2) pool.deliver_one(rng());
+    }
+    while (pool.deliver_one(rng())) {
+    }
+    // Each group sent its one node to the two others.
+    EXPECT_EQ(pool.discarded, 0u);
+    for (auto& m : pool.members) {
+      ASSERT_EQ(m->results.size(), 1u) << "trial " << trial << " rank " << m->rank();
+      EXPECT_EQ(std::memcmp(m->results[0].values.data(), tree.data(), count * 4), 0)
+          << "trial " << trial << " rank " << m->rank();
+    }
+    EXPECT_EQ(pool.slabs->in_use(), 0u) << "trial " << trial;
+  }
 }
 
 }  // namespace groups

@@ -98,6 +98,7 @@ _KEYWORDS = {
     "wire_dtype": "TALLY_WIRE_DTYPE",
     "wire_result": "TALLY_WIRE_RESULT",
     "resume_bytes": "TALLY_RESUME_BYTES",
+    "deterministic": "TALLY_DETERMINISTIC",
     "tcp_congestion": "TALLY_TCP_CONGESTION",
     "link_rate": "TALLY_LINK_RATE",
     "secret": "TALLY_JOB_SECRET",
@@ -241,7 +242,7 @@ class Client:
     group_sizes, chunk_bytes, op_timeout_ms, connect_timeout_ms, heartbeat_ms,
     peer_timeout_ms, transport, fabric_provider, fabric_force_registration,
     fabric_max_msg_bytes, wire_dtype, wire_result, resume_bytes,
-    tcp_congestion, link_rate (this worker's link rate in tc's units, e.g.
+    deterministic (reproducible sums), tcp_congestion, link_rate (this worker's link rate in tc's units, e.g.
     "10gbit": its streams are paced to their share of it), secret,
     secret_file, log_level (tally's log lines, on stderr). With ``env=False`` the environment is not read. Where
     TALLY_RANK, TALLY_WORLD_SIZE or TALLY_JOB are unset, a launcher's RANK,

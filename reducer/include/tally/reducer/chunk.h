@@ -16,11 +16,14 @@
 //
 // Reproducible sums (a job's `deterministic` setting, docs/architecture.md
 // "Determinism"): every rank's payload lands in a slab of its own, widened
-// like an accumulator, and the slabs combine in one fixed binary tree over
-// the ranks 0..W-1: node [lo, hi) splits at mid = lo + the largest power of
-// two below hi - lo, and [mid, hi)'s sum is added into [lo, mid)'s as soon
-// as both are complete. The tree, not the arrival order, decides every
-// addition, so a result's bits depend only on the inputs.
+// like an accumulator, and the slabs combine in the sum tree of
+// sum_tree.h, a node as soon as both its children are complete. The tree,
+// not the arrival order, decides every addition, so a result's bits depend
+// only on the inputs. With replica groups there is no butterfly: once every
+// rank of this group is in, each node of the group's cover is sent whole to
+// every other participant (the tag is its first rank), theirs are filed
+// beside this group's, and once every node has come and every send has
+// completed, all are added up the tree, the same on every replica.
 //
 // Locking: each chunk has its own mutex, taken inside every method, so
 // different chunks sum in parallel on different I/O threads. It is a leaf
@@ -33,6 +36,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -44,6 +48,7 @@
 #include "tally/reducer/butterfly.h"
 #include "tally/reducer/replica_mesh.h"
 #include "tally/reducer/slab_pool.h"
+#include "tally/reducer/sum_tree.h"
 
 namespace tally {
 
@@ -60,6 +65,10 @@ struct ButterflyContext {
   std::function<std::optional<Status>(uint32_t group)> left;
   // The completion of one partial send of `chunk`.
   std::function<ReplicaMesh::SendDone(std::shared_ptr<Chunk> chunk)> on_sent;
+  // Reproducible sums with more than one participant: by participant
+  // index, the cover of its group's ranks (sum_tree.h); empty otherwise.
+  const std::vector<std::vector<TreeNode>>& tree_covers;
+  uint32_t self = 0;  // this replica's participant index
 };
 
 // What a contribution's slab is to its chunk: the accumulator (the first
@@ -147,7 +156,7 @@ class Chunk : public std::enable_shared_from_this<Chunk> {
     bool local_done = false;
     std::vector<bool> seen;
   };
-  Waiting waiting(const std::vector<uint32_t>& participants) const;
+  Waiting waiting(const ButterflyContext& context) const;
 
   // After kDone, once the chunk has left its job: its buffer, once. A
   // replayed result (a rank's replay or another replica's final) is final
@@ -173,9 +182,18 @@ class Chunk : public std::enable_shared_from_this<Chunk> {
   Progress advance_locked(const ButterflyContext& context, Status& why);
   Status place_locked(uint32_t from_group, const FrameHeader& header, std::shared_ptr<Slab> slab,
                       const ButterflyContext& context);
-  // Adds every node of the sum tree that `rank`'s arrival completes, from
-  // its parent up; the root's sum becomes the accumulator. mu_ held.
-  void combine_locked(uint32_t rank);
+  // Adds every node of the sum tree over the ranks that `node` completes,
+  // from its parent up; the root's sum becomes the accumulator. mu_ held.
+  void combine_locked(TreeNode node);
+  // The tree's exchange between replicas (reproducible sums with replica
+  // groups), run as far as it can go; mu_ held.
+  Progress exchange_tree_locked(const ButterflyContext& context, Status& why);
+  // The first participant whose cover has not all come; mu_ held.
+  std::optional<uint32_t> tree_missing_locked(const ButterflyContext& context) const;
+  // Files node `tag` of participant `from`'s cover; mu_ held.
+  Status place_tree_part_locked(uint32_t from, const FrameHeader& header,
+                                std::shared_ptr<Slab> slab, const ButterflyContext& context,
+                                const std::function<Status(const std::string&)>& bad);
   // Lets go of every sum made so far (the result is known); mu_ held.
   void drop_sums_locked();
 
@@ -195,6 +213,15 @@ class Chunk : public std::enable_shared_from_this<Chunk> {
   const bool deterministic_;
   std::vector<std::shared_ptr<Slab>> parts_;
   std::vector<uint32_t> part_end_;
+  bool tree_sent_ = false;  // this group's cover has been sent
+  // The other participants' cover nodes that have come, by first rank;
+  // filed beside this group's parts only once every one has come and every
+  // send has completed (a send reads this group's nodes).
+  struct TreePart {
+    TreeNode node;
+    std::shared_ptr<Slab> slab;
+  };
+  std::map<uint32_t, TreePart> tree_received_;
   // The first replayed result: every replay of a chunk holds the same bytes
   // (the one sum a reducer computed before it was lost), so it is the
   // result, whatever the contributions add up to here.

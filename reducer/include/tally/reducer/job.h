@@ -90,7 +90,8 @@ struct JobSettings {
   // replica whose ReplicaJob created it.
   uint64_t round = 0;
   // Reproducible sums (Hello.deterministic): each chunk sums its ranks in
-  // the fixed tree of chunk.h. One replica group only (JobTable::admit).
+  // the sum tree of sum_tree.h; with replica groups, the groups are the
+  // contiguous blocks (JobTable::admit).
   bool deterministic = false;
   // Chunks in flight per stream its workers are told (Welcome); 0: the
   // reducer's window. Set for reproducible sums (Job::deterministic_window).
@@ -136,17 +137,20 @@ class Job : public std::enable_shared_from_this<Job> {
   // Workers of this reducer's group.
   uint32_t local_size() const { return local_size_; }
   // Slabs a job needs so that no stream can wait forever for memory
-  // (docs/architecture.md, Memory): window x (H + 2F) + 2, F the most
-  // partials a participant receives per chunk and H the slabs an
-  // unfinished chunk holds: 1 (its accumulator), or with reproducible sums
-  // one per rank of the group (`held_per_chunk`).
-  static size_t quota_slabs(uint32_t window, size_t participants, uint32_t held_per_chunk = 1);
+  // (docs/architecture.md, Memory): window x (1 + 2F) + 2, F the most
+  // partials a participant receives per chunk.
+  static size_t quota_slabs(uint32_t window, size_t participants);
+  // With reproducible sums: window x (L + 2R) + 2, an unfinished chunk
+  // holding a slab per rank of the group (L = `local`) and up to R =
+  // `received` nodes of the other groups' covers.
+  static size_t deterministic_quota_slabs(uint32_t window, uint32_t local, size_t received);
   // The window (chunks in flight per stream) of a job with reproducible
-  // sums whose group has `local` ranks, on a reducer whose window is
-  // `window` and whose pool has `free_slabs` free: the widest, up to
-  // `window`, whose quota (window x local + 2) they hold; 1 when none does
-  // (its reservation then fails).
-  static uint32_t deterministic_window(uint32_t window, uint32_t local, size_t free_slabs);
+  // sums, on a reducer whose window is `window` and whose pool has
+  // `free_slabs` free: the widest, up to `window`, whose quota
+  // (deterministic_quota_slabs) they hold; 1 when none does (its
+  // reservation then fails).
+  static uint32_t deterministic_window(uint32_t window, uint32_t local, size_t received,
+                                       size_t free_slabs);
   // The window this job's workers are told, on a reducer whose window is
   // `window` (JobSettings::window_chunks).
   uint32_t window_chunks(uint32_t window) const;
@@ -297,6 +301,9 @@ class Job : public std::enable_shared_from_this<Job> {
   std::vector<uint32_t> participants_;
   uint32_t my_index_ = 0;  // in participants_
   uint32_t local_size_ = 0;
+  // Reproducible sums with replica groups: by participant index, the cover
+  // of its group's ranks in the sum tree (empty otherwise).
+  std::vector<std::vector<TreeNode>> tree_covers_;
   ButterflyContext butterfly_;
 
   mutable std::mutex mu_;
