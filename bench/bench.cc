@@ -414,6 +414,9 @@ void Driver::run_peers() {
   ctx.lab = lab_.get();
   ctx.dir = scratch_.path();
   ctx.deadline = phase_options_.deadline;
+  // Beside tally's bfloat16 wire, the peers carry 16 bits too.
+  const bool sixteen = o_.wire_dtype == "bfloat16";
+  ctx.wire = sixteen ? "float16" : "float32";
   for (const std::string& peer : o_.peers) {
     const auto before = links();
     results.push_back(run_peer(peer, ctx));
@@ -425,7 +428,10 @@ void Driver::run_peers() {
   const std::string where = lab_ ? "--netlab " + o_.netlab_rate +
                                        " (every process on its own host, links capped both ways)"
                                  : "loopback";
-  print_comparison(tally_tables_, results, o_.workers, where);
+  print_comparison(
+      tally_tables_, results, o_.workers,
+      sixteen ? "float32 sum carried in 16 bits (tally bfloat16, peers float16)" : "float32 sum",
+      where);
 }
 
 bool Driver::tear_down() {

@@ -99,7 +99,7 @@ PeerResult run_gloo(const PeerContext& ctx) {
     const std::string host = ctx.lab ? ctx.lab->address(r) : "127.0.0.1";
     spec.args.insert(spec.args.end(),
                      {"--rank", std::to_string(r), "--size", std::to_string(ctx.workers), "--store",
-                      store, "--host", host});
+                      store, "--host", host, "--wire", ctx.wire});
     spec.stdout_path = ctx.dir + "/gloo-" + std::to_string(r) + ".out";
     spec.stderr_path = ctx.dir + "/gloo-" + std::to_string(r) + ".err";
     if (ctx.lab) ctx.lab->place(r, spec);
@@ -128,6 +128,10 @@ PeerResult run_mpi(const PeerContext& ctx) {
   }
   if (mpirun.empty()) {
     result.unavailable = "mpirun is not installed (Debian openmpi-bin)";
+    return result;
+  }
+  if (ctx.wire != "float32") {
+    result.unavailable = "MPI has no 16-bit float type to carry the tensor in";
     return result;
   }
   // Open MPI's tcp btl only (no shared memory), across the interfaces the
@@ -203,15 +207,15 @@ PeerResult run_peer(const std::string& peer, const PeerContext& ctx) {
 }
 
 void print_comparison(const std::vector<NamedTable>& tally, const std::vector<PeerResult>& peers,
-                      uint32_t workers, const std::string& where) {
+                      uint32_t workers, const std::string& what, const std::string& where) {
   std::vector<const NamedTable*> peer_tables;
   for (const PeerResult& p : peers) {
     for (const NamedTable& t : p.tables) peer_tables.push_back(&t);
   }
   std::printf(
-      "# comparison: algbw (GB/s) at W=%u, float32 sum, %s; best = the best peer algorithm at "
+      "# comparison: algbw (GB/s) at W=%u, %s, %s; best = the best peer algorithm at "
       "that size; tally/best = %s's algbw / best's\n",
-      workers, where.c_str(), tally.empty() ? "tally" : tally.front().name.c_str());
+      workers, what.c_str(), where.c_str(), tally.empty() ? "tally" : tally.front().name.c_str());
   std::vector<std::string> columns;
   for (const NamedTable& t : tally) columns.push_back(t.name);
   for (const NamedTable* t : peer_tables) columns.push_back(t->name);

@@ -29,6 +29,9 @@ struct PeerContext {
   uint32_t workers = 4;
   const Netlab* lab = nullptr;  // null: loopback; else rank r runs on host r
   std::string dir;              // scratch (outputs, Gloo's rendezvous)
+  // How the peers carry the float32 tensor: "float32", or "float16" beside
+  // tally's bfloat16 wire (Gloo only: MPI has no 16-bit float type).
+  std::string wire = "float32";
   std::chrono::steady_clock::time_point deadline;
 };
 
@@ -43,9 +46,10 @@ struct PeerResult {
 PeerResult run_peer(const std::string& peer, const PeerContext& ctx);
 
 // The ratio table: per size, each tally table's and each peer table's
-// algbw, the best peer, and tally / best (the first tally table).
+// algbw, the best peer, and tally / best (the first tally table). `what`
+// says what was summed ("float32 sum").
 void print_comparison(const std::vector<NamedTable>& tally, const std::vector<PeerResult>& peers,
-                      uint32_t workers, const std::string& where);
+                      uint32_t workers, const std::string& what, const std::string& where);
 
 // Per-link packets and drops between two Netlab::link_stats() snapshots;
 // role[i] names host i ("worker 0", "reducer 1").

@@ -6,6 +6,12 @@
 //   ring_chunked      gloo::AllreduceRingChunked
 //   halving_doubling  gloo::AllreduceHalvingDoubling
 //   allreduce         gloo::allreduce (the ring PyTorch's ProcessGroupGloo calls)
+// With --wire float16 each carries the float32 tensor as float16, as DDP's
+// fp16_compress_hook sends it over ProcessGroupGloo: the tensor is rounded
+// to float16 (round to nearest even), all-reduced in float16 (Gloo's
+// float16 sum) and widened back into the caller's buffer, casts timed.
+// That is the fair peer of tally's bfloat16 wire: a ring that halves its
+// bytes too. Its tables are named NAME-f16 and count the float32 bytes.
 #include <gloo/allreduce.h>
 #include <gloo/allreduce_halving_doubling.h>
 #include <gloo/allreduce_ring_chunked.h>
@@ -21,6 +27,7 @@
 #include <vector>
 
 #include "peer_sweep.h"
+#include "tally/protocol/kernels.h"
 #include "tally/protocol/split.h"
 #include "tally/protocol/version.h"
 
@@ -42,6 +49,9 @@ bool guarded(F&& op, std::string* error) {
 
 void sum_doubles(void* c, const void* a, const void* b, size_t n) { gloo::sum<double>(c, a, b, n); }
 void sum_floats(void* c, const void* a, const void* b, size_t n) { gloo::sum<float>(c, a, b, n); }
+void sum_halves(void* c, const void* a, const void* b, size_t n) {
+  gloo::sum<gloo::float16>(c, a, b, n);
+}
 
 // The settings every algorithm's run shares.
 struct GlooSettings {
@@ -50,6 +60,7 @@ struct GlooSettings {
   std::string store_dir;
   std::string host = "127.0.0.1";
   int timeout_s = 120;
+  bool half = false;  // --wire float16
 };
 
 // One algorithm's sweep on a context of its own. One context (full mesh of
@@ -92,46 +103,58 @@ class GlooRun {
         error);
   }
 
-  // The algorithm under test. The classic algorithms bind to one buffer and
-  // count when built: one per size, built (and its pairs' buffers
-  // registered) before the size's check and timed loop, as Gloo's own
-  // benchmark does.
+  // The algorithm under test, on the float32 tensor `data`: in float32, or
+  // (--wire float16) through a float16 copy.
   bool allreduce(float* data, size_t count, std::string* error) {
     return guarded(
         [&] {
-          if (name_ == "allreduce") {
-            gloo::AllreduceOptions opts(context_);
-            opts.setOutput(data, count);
-            opts.setReduceFunction(&sum_floats);
-            opts.setTag(2);
-            gloo::allreduce(opts);
-            return;
-          }
-          if (!algorithm_ || bound_ != data || bound_count_ != count) {
-            algorithm_.reset();
-            std::vector<float*> ptrs{data};
-            if (name_ == "ring_chunked") {
-              algorithm_ = std::make_unique<gloo::AllreduceRingChunked<float>>(
-                  context_, ptrs, static_cast<int>(count));
-            } else {
-              algorithm_ = std::make_unique<gloo::AllreduceHalvingDoubling<float>>(
-                  context_, ptrs, static_cast<int>(count));
-            }
-            bound_ = data;
-            bound_count_ = count;
-          }
-          algorithm_->run();
+          if (!settings_.half) return run(data, count, &sum_floats);
+          half_.resize(count);
+          auto* wire = reinterpret_cast<uint16_t*>(half_.data());
+          tally::kernels().narrow_f16(wire, data, count);
+          run(half_.data(), count, &sum_halves);
+          tally::kernels().widen_f16(data, wire, count);
         },
         error);
   }
 
  private:
+  // The classic algorithms bind to one buffer and count when built: one per
+  // size, built (and its pairs' buffers registered) before the size's check
+  // and timed loop, as Gloo's own benchmark does.
+  template <typename T>
+  void run(T* data, size_t count, void (*reduce)(void*, const void*, const void*, size_t)) {
+    if (name_ == "allreduce") {
+      gloo::AllreduceOptions opts(context_);
+      opts.setOutput(data, count);
+      opts.setReduceFunction(reduce);
+      opts.setTag(2);
+      gloo::allreduce(opts);
+      return;
+    }
+    if (!algorithm_ || bound_ != data || bound_count_ != count) {
+      algorithm_.reset();
+      std::vector<T*> ptrs{data};
+      if (name_ == "ring_chunked") {
+        algorithm_ = std::make_unique<gloo::AllreduceRingChunked<T>>(context_, ptrs,
+                                                                     static_cast<int>(count));
+      } else {
+        algorithm_ = std::make_unique<gloo::AllreduceHalvingDoubling<T>>(context_, ptrs,
+                                                                         static_cast<int>(count));
+      }
+      bound_ = data;
+      bound_count_ = count;
+    }
+    algorithm_->run();
+  }
+
   const GlooSettings& settings_;
   const std::string name_;
   std::shared_ptr<gloo::rendezvous::Context> context_;
   std::unique_ptr<gloo::Algorithm> algorithm_;
-  float* bound_ = nullptr;
+  const void* bound_ = nullptr;
   size_t bound_count_ = 0;
+  std::vector<gloo::float16> half_;  // --wire float16: the tensor as sent
 };
 
 }  // namespace
@@ -154,7 +177,20 @@ int main(int argc, char** argv) {
   app.add_option("--algorithms", algorithms, "comma-separated")->capture_default_str();
   app.add_option("--timeout-s", settings.timeout_s, "Gloo's timeout per operation")
       ->capture_default_str();
+  std::string wire = "float32";
+  app.add_option("--wire", wire,
+                 "float32, or float16: the float32 tensor is carried as float16 (DDP's "
+                 "fp16_compress_hook)")
+      ->check(CLI::IsMember({"float32", "float16"}))
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  settings.half = wire == "float16";
+  if (settings.half && settings.size > 64) {
+    std::fprintf(stderr,
+                 "tally-peer-gloo: --wire float16 runs up to 64 ranks (the checked sums pass "
+                 "float16's largest value beyond)\n");
+    return 2;
+  }
 
   std::vector<std::string> names;
   for (std::string_view n : tally::split_list(algorithms)) names.emplace_back(n);
@@ -185,7 +221,12 @@ int main(int argc, char** argv) {
     comm.allreduce = [&run](float* data, size_t count, std::string* err) {
       return run.allreduce(data, count, err);
     };
-    const int r = tally::bench::run_peer_sweep(sweep, comm, "gloo:" + name, busbw);
+    // Each of the ring's W - 1 additions, and the rounding of each input,
+    // may be off by float16's unit roundoff (2^-11); pattern.h's sums stay
+    // below float16's largest finite value for W <= 64.
+    if (settings.half) comm.relative_error = (settings.size + 1) * 0x1p-11;
+    const std::string table = "gloo:" + name + (settings.half ? "-f16" : "");
+    const int r = tally::bench::run_peer_sweep(sweep, comm, table, busbw);
     if (r != 0 && result == 0) result = r;
     if (r == 1) break;
   }

@@ -59,7 +59,9 @@ int run_peer_sweep(const PeerSweep& sweep, const PeerComm& comm, const std::stri
     if (sweep.check) {
       fill_pattern(data, count, comm.rank, seed);
       ok = comm.allreduce(data, count, &error);
-      if (ok) wrong = count_wrong(data, count, comm.world, RedOp::kSum, seed);
+      if (ok) {
+        wrong = count_wrong(data, count, comm.world, RedOp::kSum, seed, comm.relative_error);
+      }
     }
     for (int i = 0; ok && i < sweep.warmup; ++i) ok = comm.allreduce(data, count, &error);
     const auto t0 = std::chrono::steady_clock::now();

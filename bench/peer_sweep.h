@@ -3,7 +3,8 @@
 // then the timed loop; time is the mean over ranks of each rank's loop time
 // / iterations), and rank 0's table in tally-bench's row format
 // (tally/bench/table.h), which the driver parses back for --compare.
-// float32 sum only. Private to the peers.
+// float32 tensors, sum only (a peer may carry them in another type:
+// `relative_error`). Private to the peers.
 #pragma once
 
 #include <cstddef>
@@ -37,6 +38,10 @@ struct PeerComm {
   std::function<bool(float* data, size_t count, std::string* error)> allreduce;
   // In-place float64 sum of `count` elements over ranks (for the times).
   std::function<bool(double* data, size_t count, std::string* error)> sum;
+  // How far a result may be from the exact sum, relative to it: 0 for a
+  // float32 all-reduce (pattern.h's sums are exact), more for one that
+  // carries the tensor in 16 bits.
+  double relative_error = 0;
 };
 
 // Runs the sweep; rank 0 prints "# table NAME ..." and the rows. `busbw`

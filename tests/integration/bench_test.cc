@@ -264,6 +264,41 @@ TEST(Bench, CompareRunsGlooAndMpiAndPrintsTheRatios) {
   }
 }
 
+// Beside tally's bfloat16 wire, Gloo carries the tensor as float16 (DDP's
+// fp16_compress_hook): every algorithm's table is its -f16 one, checked
+// within float16's rounding; MPI, with no 16-bit float type, says so.
+TEST(Bench, CompareOnTheBfloat16WireRunsGlooInFloat16) {
+  TempDir tmp;
+  ASSERT_TRUE(tmp.ok());
+  const BenchRun run =
+      run_bench(tmp.path(),
+                {"--compare", "gloo,mpi", "--wire-dtype", "bfloat16", "-W", "2", "-r", "2", "-b",
+                 "64K", "-e", "256K", "-f", "4", "-w", "1", "-n", "2"},
+                90s);
+  const std::string& out = run.out;
+  ASSERT_TRUE(run.status.has_value());
+  EXPECT_EQ(*run.status, 0) << out << run.err;
+  if (contains(out, "# gloo: unavailable: CMake did not find")) GTEST_SKIP() << out;
+  const auto tables = bench::parse_tables(out, "tally");
+  std::vector<std::string> names;
+  for (const auto& t : tables) {
+    names.push_back(t.name);
+    ASSERT_EQ(t.rows.size(), 2u) << t.name << "\n" << out;
+    for (const auto& r : t.rows) EXPECT_EQ(r.wrong, 0) << t.name << "\n" << out;
+  }
+  const std::vector<std::string> want = {"tally", "gloo:ring_chunked-f16",
+                                         "gloo:halving_doubling-f16", "gloo:allreduce-f16"};
+  EXPECT_EQ(names, want) << out;
+  EXPECT_TRUE(contains(out, "float32 sum carried in 16 bits (tally bfloat16, peers float16)"))
+      << out;
+  EXPECT_TRUE(contains(out, "# mpi: unavailable: MPI has no 16-bit float type")) << out;
+  // The header, a row per size, and the line saying why MPI did not run.
+  const auto lines = comparison_lines(out);
+  ASSERT_EQ(lines.size(), 4u) << out;
+  EXPECT_EQ(lines[1].front(), "65536") << out;
+  EXPECT_EQ(lines[2].front(), "262144") << out;
+}
+
 // --netlab is root only, and says so before making anything.
 TEST(Bench, NetlabRefusesWithoutRoot) {
   if (geteuid() != 0) GTEST_SKIP() << "needs root to drop to another user";
