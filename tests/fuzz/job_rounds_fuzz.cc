@@ -11,6 +11,9 @@
 // forged replica messages (a round, a mark, an error, a departure, a loss,
 // a return), deliveries out of order, sweeps far in the future.
 //
+// An input of odd length runs the job with reproducible sums (the groups
+// exchange the sum tree's nodes instead of the butterfly's segments).
+//
 // Checks, beside ASan and UBSan: every result of an op that no lie touched
 // is the exact sum (or average) of the ranks' inputs, on every rank, each
 // time it arrives; and once both jobs are evicted and the queues dropped,
@@ -87,9 +90,11 @@ struct Rank {
 
 class Harness {
  public:
-  Harness() {
+  explicit Harness(bool deterministic) {
     slabs_ = *SlabPool::create(4096, 64);
-    quota_ = *SlabQuota::reserve(slabs_, 2 * Job::quota_slabs(2, kGroups));
+    // Reproducible sums: a group's 2 ranks and the other group's one node.
+    quota_ = *SlabQuota::reserve(slabs_, 2 * std::max(Job::quota_slabs(2, kGroups),
+                                                      Job::deterministic_quota_slabs(2, 2, 1)));
     for (uint32_t g = 0; g < kGroups; ++g) {
       JobSettings settings;
       settings.name = "fuzz-rounds";
@@ -97,6 +102,7 @@ class Harness {
       settings.group = g;
       settings.group_sizes = {2, 2};
       settings.op_timeout = std::chrono::milliseconds(1000);
+      settings.deterministic = deterministic;
       meshes_.push_back(std::make_shared<QueueMesh>(wire_, g));
       jobs_.push_back(std::make_shared<Job>(settings, quota_, counters_, meshes_.back()));
     }
@@ -387,6 +393,6 @@ class Harness {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size > 4096) return 0;
-  Harness().run(Bytes{data, size});
+  Harness(size % 2 == 1).run(Bytes{data, size});
   return 0;
 }

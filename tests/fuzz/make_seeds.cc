@@ -308,6 +308,9 @@ int main(int argc, char** argv) {
   std::string marks;
   for (uint8_t r = 0; r < 4; ++r) marks += std::string{7, static_cast<char>(r), 1, 0};
   write(jr, "honest_ops", ops + deliveries + marks + deliveries);
+  // The same with reproducible sums (an input of odd length): one more
+  // delivery.
+  write(jr, "honest_ops_deterministic", ops + deliveries + marks + deliveries + std::string{3});
   // Group 0 hears group 1 is back: a new round; every rank resumes and
   // resends once Released.
   std::string rejoin;
