@@ -139,29 +139,27 @@ Status set_fabric_provider(ClientOptions& o, std::string_view, std::string_view 
   return Status::ok();
 }
 
-// The spellings CLI11 accepts for a reducer's boolean flag.
-Result<bool> parse_bool(std::string_view name, std::string_view value) {
+// `out` = `value`, in the spellings CLI11 accepts for a reducer's boolean
+// flag.
+Status set_bool(std::string_view name, std::string_view value, bool& out) {
   static const std::vector<std::string> on{"1", "true", "on", "yes", "enable", "t", "y", "+"};
   static const std::vector<std::string> off{"0", "false", "off", "no", "disable", "f", "n", "-"};
   std::string v(value);
   std::transform(v.begin(), v.end(), v.begin(), [](unsigned char c) { return std::tolower(c); });
-  if (std::find(on.begin(), on.end(), v) != on.end()) return true;
-  if (std::find(off.begin(), off.end(), v) != off.end()) return false;
-  return bad(name, value, "is not a boolean (1/0, true/false, on/off, yes/no)");
+  const bool is_on = std::find(on.begin(), on.end(), v) != on.end();
+  if (!is_on && std::find(off.begin(), off.end(), v) == off.end()) {
+    return bad(name, value, "is not a boolean (1/0, true/false, on/off, yes/no)");
+  }
+  out = is_on;
+  return Status::ok();
 }
 
 Status set_force_registration(ClientOptions& o, std::string_view name, std::string_view value) {
-  auto on = parse_bool(name, value);
-  if (!on) return on.status();
-  o.fabric.force_registration = *on;
-  return Status::ok();
+  return set_bool(name, value, o.fabric.force_registration);
 }
 
 Status set_deterministic(ClientOptions& o, std::string_view name, std::string_view value) {
-  auto on = parse_bool(name, value);
-  if (!on) return on.status();
-  o.deterministic = *on;
-  return Status::ok();
+  return set_bool(name, value, o.deterministic);
 }
 
 Status set_fabric_max_msg_bytes(ClientOptions& o, std::string_view name, std::string_view value) {

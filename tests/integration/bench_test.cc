@@ -209,6 +209,18 @@ std::vector<std::vector<std::string>> comparison_lines(const std::string& out) {
   return lines;
 }
 
+// The names of the tables the driver parsed back from `out` (tally's, then
+// the peers'), each checked to have `rows` rows and no wrong element.
+std::vector<std::string> checked_table_names(const std::string& out, size_t rows) {
+  std::vector<std::string> names;
+  for (const auto& t : bench::parse_tables(out, "tally")) {
+    names.push_back(t.name);
+    EXPECT_EQ(t.rows.size(), rows) << t.name << "\n" << out;
+    for (const auto& r : t.rows) EXPECT_EQ(r.wrong, 0) << t.name << "\n" << out;
+  }
+  return names;
+}
+
 // --compare gloo,mpi: the same sweep through Gloo's three algorithms and
 // Open MPI, and a ratio table with a row per size and a column per peer.
 TEST(Bench, CompareRunsGlooAndMpiAndPrintsTheRatios) {
@@ -229,13 +241,7 @@ TEST(Bench, CompareRunsGlooAndMpiAndPrintsTheRatios) {
   EXPECT_FALSE(contains(out, "unavailable")) << out;
   // Every table the driver parsed back: tally's and one per peer algorithm,
   // with both sizes and no wrong element.
-  const auto tables = bench::parse_tables(out, "tally");
-  std::vector<std::string> names;
-  for (const auto& t : tables) {
-    names.push_back(t.name);
-    ASSERT_EQ(t.rows.size(), 2u) << t.name << "\n" << out;
-    for (const auto& r : t.rows) EXPECT_EQ(r.wrong, 0) << t.name << "\n" << out;
-  }
+  const std::vector<std::string> names = checked_table_names(out, 2);
   const std::vector<std::string> want = {"tally", "gloo:ring_chunked", "gloo:halving_doubling",
                                          "gloo:allreduce", "mpi"};
   EXPECT_EQ(names, want) << out;
@@ -279,13 +285,7 @@ TEST(Bench, CompareOnTheBfloat16WireRunsGlooInFloat16) {
   ASSERT_TRUE(run.status.has_value());
   EXPECT_EQ(*run.status, 0) << out << run.err;
   if (contains(out, "# gloo: unavailable: CMake did not find")) GTEST_SKIP() << out;
-  const auto tables = bench::parse_tables(out, "tally");
-  std::vector<std::string> names;
-  for (const auto& t : tables) {
-    names.push_back(t.name);
-    ASSERT_EQ(t.rows.size(), 2u) << t.name << "\n" << out;
-    for (const auto& r : t.rows) EXPECT_EQ(r.wrong, 0) << t.name << "\n" << out;
-  }
+  const std::vector<std::string> names = checked_table_names(out, 2);
   const std::vector<std::string> want = {"tally", "gloo:ring_chunked-f16",
                                          "gloo:halving_doubling-f16", "gloo:allreduce-f16"};
   EXPECT_EQ(names, want) << out;
