@@ -36,6 +36,17 @@ using Clock = std::chrono::steady_clock;
 ReducerOptions base_options() {
   // The reducers' logs would be one line per input; the harness checks what it needs.
   spdlog::set_level(spdlog::level::off);
+  // The reducers are never stopped, so their I/O threads still run while
+  // the process exits, and log (at level off) through spdlog's default
+  // logger, which spdlog's registry frees at exit. A reference held here
+  // for good keeps the logger alive for them: ASan saw a thread read the
+  // freed logger, about one FuzzSeeds.replica_session run in 30, then hung
+  // beside LeakSanitizer's exit check. (Stopping the reducers at exit
+  // instead ends their threads, whose OpenSSL thread state LeakSanitizer
+  // then reports.)
+  static const auto* const kept_logger =
+      new std::shared_ptr<spdlog::logger>(spdlog::default_logger());
+  (void)kept_logger;
   ReducerOptions o;
   o.listen = HostPort{"127.0.0.1", 0};
   o.io_threads = 2;
