@@ -128,11 +128,15 @@ Chunk::Progress Chunk::skip(uint32_t rank, const JobMember* member, uint32_t loc
   return completed_locked(local_size, context, why);
 }
 
+size_t Chunk::accumulator_bytes() const {
+  return meta_.length / dtype_size(meta_.dtype) * dtype_size(accumulator_dtype(meta_.dtype));
+}
+
 void Chunk::combine_locked(TreeNode node) {
   const auto world = static_cast<uint32_t>(parts_.size());
   const std::vector<TreeNode> above = sum_tree_ancestors(world, node);
   const DType acc_dtype = accumulator_dtype(meta_.dtype);
-  const size_t acc_bytes = meta_.length / dtype_size(meta_.dtype) * dtype_size(acc_dtype);
+  const size_t acc_bytes = accumulator_bytes();
   for (auto n = above.rbegin(); n != above.rend(); ++n) {
     const uint32_t mid = sum_tree_mid(n->lo, n->hi);
     if (part_end_[n->lo] != mid || part_end_[mid] != n->hi) return;
@@ -179,8 +183,7 @@ Status Chunk::place_tree_part_locked(uint32_t from_group, const FrameHeader& h,
     return bad("has tag " + std::to_string(h.rank) +
                ", which is not the first rank of a part of the sum tree that replica sums");
   }
-  const size_t acc_bytes =
-      meta_.length / dtype_size(meta_.dtype) * dtype_size(accumulator_dtype(meta_.dtype));
+  const size_t acc_bytes = accumulator_bytes();
   if (h.offset != meta_.offset || h.length != acc_bytes) {
     return bad("covers bytes [" + std::to_string(h.offset) + ", +" + std::to_string(h.length) +
                "), a part of the sum tree is the whole chunk [" + std::to_string(meta_.offset) +
@@ -195,8 +198,7 @@ Chunk::Progress Chunk::exchange_tree_locked(const ButterflyContext& context, Sta
   const auto& covers = context.tree_covers;
   if (!tree_sent_) {
     tree_sent_ = true;
-    const size_t acc_bytes =
-        meta_.length / dtype_size(meta_.dtype) * dtype_size(accumulator_dtype(meta_.dtype));
+    const size_t acc_bytes = accumulator_bytes();
     for (const TreeNode& node : covers[context.self]) {
       // Every rank of the group is in, so its cover is summed.
       TALLY_CHECK_EQ(part_end_[node.lo], node.hi);

@@ -196,6 +196,8 @@ class Chunk : public std::enable_shared_from_this<Chunk> {
                                 const std::function<Status(const std::string&)>& bad);
   // Lets go of every sum made so far (the result is known); mu_ held.
   void drop_sums_locked();
+  // Bytes of this chunk's accumulator (and of a node of its sum tree).
+  size_t accumulator_bytes() const;
 
   const FrameHeader meta_;
   const Clock::time_point created_;
