@@ -195,6 +195,13 @@ void print_progress(Clock::duration elapsed, const std::vector<JobRun>& jobs, co
                totals.split, totals.wrong, kills);
 }
 
+// What the chaos schedule did when a kill was due.
+enum class Kill {
+  kDone,      // killed (and restarted, for a reducer), or nothing left to kill
+  kDeferred,  // the worker's round has not completed an op yet: tried again at the next tick
+  kFailed,    // a reducer could not be restarted
+};
+
 // One load or chaos run: its lab and pool, the jobs' rounds of workers,
 // the kills, and the totals.
 class LoadRun {
@@ -221,7 +228,7 @@ class LoadRun {
   bool start_round(JobRun& job);
   ProcessSpec round_worker(const JobRun& job, uint32_t r, double left) const;
   void reap(JobRun& job);
-  bool kill_one();
+  Kill kill_one();
   void report(double elapsed, const std::vector<ReducerSample>& before,
               const std::vector<ReducerSample>& after);
 
@@ -393,15 +400,15 @@ void LoadRun::reap(JobRun& job) {
 }
 
 // The chaos schedule's next kill: a reducer (restarted at once) or a
-// worker still running, in turn; false when a restart failed.
-bool LoadRun::kill_one() {
+// worker still running, in turn.
+Kill LoadRun::kill_one() {
   if (o_.kill == "reducer" && local_) {
     const uint32_t i = static_cast<uint32_t>(kills_ % local_->addresses().size());
     local_->reducer(i).signal(SIGKILL);
     kills_++;
     if (Status st = local_->restart(i); !st) {
       spdlog::error("restarting reducer {}: {}", i, st.to_string());
-      return false;
+      return Kill::kFailed;
     }
     restarts_[i]++;
     if (hostiles_) hostiles_->restarted(i);
@@ -409,14 +416,19 @@ bool LoadRun::kill_one() {
     JobRun& job = jobs_[kills_ % jobs_.size()];
     const uint32_t r = static_cast<uint32_t>(kills_ / jobs_.size() % o_.workers);
     // Only a worker still running: one that has exited is not killed,
-    // and its own exit status still counts.
+    // and its own exit status still counts. And only once its round has
+    // completed an op: a rank killed before it joins leaves the others
+    // waiting out their op timeout, and a schedule faster than a round's
+    // start (a loaded machine, a sanitized build) would then complete
+    // nothing at all.
     if (job.running && !job.workers[r].wait_for(milliseconds(0))) {
+      if (ok_lines(job.outputs[0]) == 0) return Kill::kDeferred;
       job.killed[r] = true;
       job.workers[r].signal(SIGKILL);
       kills_++;
     }
   }
-  return true;
+  return Kill::kDone;
 }
 
 void LoadRun::report(double elapsed, const std::vector<ReducerSample>& before,
@@ -503,8 +515,9 @@ int LoadRun::run() {
     }
     if (hostiles_) hostiles_->probe(now);
     if (!o_.kill.empty() && now >= next_kill && now < end_) {
-      next_kill += seconds_of(o_.kill_every_s);
-      if (!kill_one()) ok = false;
+      const Kill kill = kill_one();
+      if (kill != Kill::kDeferred) next_kill += seconds_of(o_.kill_every_s);
+      if (kill == Kill::kFailed) ok = false;
     }
     if (now > hard_deadline) {
       spdlog::error("the run passed its deadline with workers still running");
