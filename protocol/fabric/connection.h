@@ -62,6 +62,7 @@ class FabricConnection final : public Connection,
   const std::string& peer() const override { return peer_; }
   // libfabric's provider owns the sockets data moves on: not paced.
   void pace(uint64_t) override {}
+  void bound_receive_window(uint64_t) override {}
 
   Status describe_data_path(wire::DataPath* out) override;
 

@@ -196,6 +196,30 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
     }
   }
 
+  // A fixed receive buffer bounds the window the socket advertises: the
+  // kernel doubles SO_RCVBUF (half for its own bookkeeping) and stops
+  // autotuning the buffer once it is set. TCP_WINDOW_CLAMP alone does not
+  // hold: autotuning and the kernel's recomputation of the clamp from the
+  // buffer raise it again. Set before the peer sends data, so the window
+  // never opened wider. Never below kMinWindowSegments of the stream's
+  // segment size: loopback's 64 KiB segments (and jumbo frames) need room
+  // for several in flight, and loopback has no port queue to protect.
+  // Best effort, as pace.
+  void bound_receive_window(uint64_t bytes) override {
+    if (bytes == 0) return;
+    int segment = 0;
+    socklen_t length = sizeof segment;
+    if (::getsockopt(socket_.native_handle(), IPPROTO_TCP, TCP_MAXSEG, &segment, &length) == 0 &&
+        segment > 0) {
+      bytes = std::max<uint64_t>(bytes, kMinWindowSegments * static_cast<uint64_t>(segment));
+    }
+    const int half = static_cast<int>(std::min<uint64_t>(bytes / 2, INT32_MAX));
+    if (::setsockopt(socket_.native_handle(), SOL_SOCKET, SO_RCVBUF, &half, sizeof half) != 0) {
+      spdlog::warn("stream from {} is not bounded to a {} byte window: {}", peer_, bytes,
+                   std::strerror(errno));
+    }
+  }
+
   Status describe_data_path(wire::DataPath* out) override {
     out->set_transport("tcp");
     return Status::ok();

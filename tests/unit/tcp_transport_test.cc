@@ -3,10 +3,13 @@
 // come in; a posted receive is written only with a whole payload; control frames queued for a peer
 // that does not read are capped per stream and across the streams that share a budget; a paced
 // stream's socket carries its pacing rate, and the share and congestion control streams are paced
-// with.
+// with; a bounded stream's receive buffer stays at its bound through a transfer, and streams
+// converging on one receiver share its budget.
 #include "tally/protocol/tcp_transport.h"
 
 #include <gtest/gtest.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
 
 #include <boost/asio/connect.hpp>
 #include <boost/asio/io_context.hpp>
@@ -307,6 +310,91 @@ TEST(TcpTransport, PaceSetsTheSocketsMaximumPacingRate) {
   conn->pace(0);
   EXPECT_EQ(max_pacing_rate(), unpaced);
   conn->close(Status(ErrorCode::kCancelled, "done"));
+}
+
+// Connects a loopback pair whose segments are `segment` bytes (the client's
+// SYN offers it; 0: loopback's own, about 64 KiB).
+struct SegmentedPair : LoopbackPair {
+  explicit SegmentedPair(int segment) {
+    client = tcp::socket(io);
+    tcp::acceptor acceptor(io, tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
+    client.open(tcp::v4());
+    if (segment > 0) {
+      EXPECT_EQ(::setsockopt(client.native_handle(), IPPROTO_TCP, TCP_MAXSEG, &segment,
+                             sizeof segment),
+                0);
+    }
+    client.connect(acceptor.local_endpoint());
+    server = acceptor.accept();
+  }
+};
+
+int receive_buffer(int fd) {
+  int bytes = 0;
+  socklen_t len = sizeof bytes;
+  EXPECT_EQ(::getsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, &len), 0);
+  return bytes;
+}
+
+// The bound is a fixed receive buffer (the kernel doubles what is set and
+// stops autotuning it): after 24 MiB through, the buffer and the window the
+// receiver may advertise (rcv_ssthresh) are still within the bound, where an
+// unbounded socket starts at 128 KiB and grows. Ethernet-sized segments, as
+// on a real link.
+TEST(TcpTransport, BoundReceiveWindowFixesTheReceiveBufferThroughATransfer) {
+  SegmentedPair pair(1448);
+  const int fd = pair.server.native_handle();
+  ConnectionOptions options;
+  options.max_data_bytes = 1u << 20;
+  auto receiver = make_tcp_connection(std::move(pair.server), options);
+  auto sender = make_tcp_connection(std::move(pair.client), options);
+  constexpr uint64_t kBound = 96 * 1024;
+  receiver->bound_receive_window(kBound);
+  auto collector = std::make_shared<Collector>();
+  receiver->start(collector);
+  sender->start(std::make_shared<Collector>());
+
+  constexpr size_t kFrames = 24;
+  const auto payload = pattern(1u << 20, 3);
+  for (size_t i = 0; i < kFrames; ++i) {
+    sender->send(data_header(1, static_cast<uint32_t>(i), payload.size()), payload, nullptr);
+  }
+  ASSERT_TRUE(pair.run_until([&] { return collector->received.size() == kFrames; }))
+      << collector->received.size() << " of " << kFrames << " frames arrived";
+  EXPECT_TRUE(collector->received.back() == payload);
+
+  EXPECT_EQ(static_cast<uint64_t>(receive_buffer(fd)), kBound);
+  tcp_info info{};
+  socklen_t len = sizeof info;
+  ASSERT_EQ(::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len), 0);
+  EXPECT_LE(info.tcpi_rcv_ssthresh, kBound);
+  receiver->close(Status(ErrorCode::kCancelled, "test over"));
+  sender->close(Status(ErrorCode::kCancelled, "test over"));
+}
+
+// A bound never leaves a stream fewer than kMinWindowSegments segments:
+// loopback's are about 64 KiB, so a 96 KiB bound there becomes about 1 MiB.
+TEST(TcpTransport, BoundReceiveWindowKeepsRoomForItsSegments) {
+  SegmentedPair pair(0);
+  const int fd = pair.server.native_handle();
+  int segment = 0;
+  socklen_t len = sizeof segment;
+  ASSERT_EQ(::getsockopt(fd, IPPROTO_TCP, TCP_MAXSEG, &segment, &len), 0);
+  ASSERT_GT(segment, 16 * 1024) << "loopback's segments are expected to be large";
+  auto receiver = make_tcp_connection(std::move(pair.server), ConnectionOptions{});
+  receiver->bound_receive_window(96 * 1024);
+  EXPECT_EQ(static_cast<uint64_t>(receive_buffer(fd)),
+            kMinWindowSegments * static_cast<uint64_t>(segment) / 2 * 2);
+  receiver->close(Status(ErrorCode::kCancelled, "test over"));
+}
+
+// docs/architecture.md, "The receive budget": an equal share, never below a
+// few segments; a budget of 0 bounds nothing.
+TEST(TcpTransport, StreamsConvergingOnAReceiverShareItsReceiveBudget) {
+  EXPECT_EQ(receive_share(512 * 1024, 8), 64u * 1024);
+  EXPECT_EQ(receive_share(512 * 1024, 0), 512u * 1024);
+  EXPECT_EQ(receive_share(512 * 1024, 1000), kMinReceiveWindowBytes);
+  EXPECT_EQ(receive_share(0, 8), 0u);
 }
 
 TEST(TcpTransport, StreamsSharingALinkArePacedToEqualSharesOf95Percent) {

@@ -1,6 +1,8 @@
 // A link's rate, as the reducers (--link-rate) and workers (TALLY_LINK_RATE)
-// are told it, and each stream's share of it. Transport-neutral: the chunk
-// plan sizes chunks from it, and each transport paces its streams by it.
+// are told it, and each stream's share of it; and each stream's share of a
+// receive budget (--receive-budget, TALLY_RECEIVE_BUDGET). Transport-neutral:
+// the chunk plan sizes chunks from the rate, and each transport paces its
+// streams by it and bounds their receive windows by the budget.
 #pragma once
 
 #include <cstddef>
@@ -20,5 +22,15 @@ Result<uint64_t> parse_link_rate(const std::string& rate);
 // link, as Ethernet's framing takes 2.5% of it and streams paced to the
 // whole rate would keep its queue growing. At least 1.
 uint64_t paced_share(uint64_t link_rate_bits, size_t streams);
+
+// The smallest receive window a stream is bounded to: a few segments, so
+// that a budget shared by very many streams still lets each one move.
+inline constexpr uint64_t kMinReceiveWindowBytes = 16 * 1024;
+
+// What each of `streams` streams converging on one receiver may have in
+// flight towards it (Connection::bound_receive_window): an equal share of
+// `budget_bytes`, at least kMinReceiveWindowBytes. 0: not bounded (a budget
+// of 0 turns the bound off).
+uint64_t receive_share(uint64_t budget_bytes, size_t streams);
 
 }  // namespace tally

@@ -5,6 +5,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -21,6 +22,10 @@ namespace tally {
 // Non-blocking; never fails: a dead socket shows as on_closed after start().
 std::shared_ptr<Connection> make_tcp_connection(boost::asio::ip::tcp::socket socket,
                                                 const ConnectionOptions& options);
+
+// The least a TCP stream's receive window is bounded to, in segments of the
+// stream's own size (Connection::bound_receive_window).
+inline constexpr uint64_t kMinWindowSegments = 16;
 
 // Whether a TCP socket here may use congestion control `name` (the
 // kernel's tcp_available_congestion_control, and for an unprivileged

@@ -206,6 +206,12 @@ class Connection {
   // TALLY_LINK_RATE). A stream whose data does not pass its kernel socket
   // (the fabric data path) is not paced.
   virtual void pace(uint64_t bytes_per_second) = 0;
+  // Lets the peer have at most about `bytes` in flight towards this end
+  // (0: no bound), so that streams converging on one receiver together
+  // stay within what its link and queue hold (docs/architecture.md, "The
+  // receive budget"). Best effort; a data path that does not pass its
+  // kernel socket (the fabric) is not bounded.
+  virtual void bound_receive_window(uint64_t bytes) = 0;
 };
 
 }  // namespace tally
