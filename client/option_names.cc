@@ -264,6 +264,7 @@ const std::vector<Option>& options_table() {
       {"TALLY_FABRIC_MAX_MSG_BYTES", set_fabric_max_msg_bytes},
       {"TALLY_TCP_CONGESTION", set_text<&ClientOptions::tcp_congestion>},
       {"TALLY_LINK_RATE", set_link_rate},
+      {"TALLY_RECEIVE_BUDGET", set_bytes<&ClientOptions::receive_budget_bytes>},
       {"TALLY_WIRE_DTYPE", set_wire_dtype},
       {"TALLY_WIRE_RESULT", set_wire_result},
       {"TALLY_RESUME_BYTES", set_bytes<&ClientOptions::resume_bytes>},

@@ -62,6 +62,7 @@ struct CommandLine {
   size_t memory_budget = options.memory_budget_bytes;
   size_t max_chunk = options.max_chunk_bytes;
   size_t ingress_window = options.ingress_window_bytes;
+  size_t receive_budget = options.receive_budget_bytes;
   int64_t heartbeat_ms = options.connection.heartbeat_interval.count();
   int64_t peer_timeout_ms = options.connection.peer_timeout.count();
   int64_t hello_timeout_ms = options.hello_timeout.count();
@@ -181,6 +182,14 @@ void add_stream_options(CLI::App& app, CommandLine& c) {
                  "job is paced to an equal share of it; with cubic unless --tcp-congestion names "
                  "another (default: not paced)")
       ->envname("TALLY_LINK_RATE");
+  app.add_option("--receive-budget", c.receive_budget,
+                 "bytes the streams sending to this reducer may have in flight towards it "
+                 "together, e.g. 512KiB: each bounds its receive window to an equal share, and "
+                 "the results sent back to a job's workers are bounded the same way (0: not "
+                 "bounded)")
+      ->envname("TALLY_RECEIVE_BUDGET")
+      ->capture_default_str()
+      ->transform(CLI::AsSizeValue(false));
   app.add_option("--max-connections", c.options.max_connections,
                  "open streams at most; a new one past it cuts the oldest stream not yet "
                  "admitted (no hello, or not yet authenticated), or is closed when every open "
@@ -254,6 +263,7 @@ bool resolve(CommandLine& c) {
   c.options.memory_budget_bytes = c.memory_budget;
   c.options.max_chunk_bytes = c.max_chunk;
   c.options.ingress_window_bytes = c.ingress_window;
+  c.options.receive_budget_bytes = c.receive_budget;
   if (!c.link_rate.empty()) {
     auto rate = tally::parse_link_rate(c.link_rate);
     if (!rate) {

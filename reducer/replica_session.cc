@@ -7,6 +7,7 @@
 #include "tally.pb.h"
 #include "tally/protocol/auth.h"
 #include "tally/protocol/control.h"
+#include "tally/protocol/link_rate.h"
 #include "tally/reducer/job_table.h"
 #include "tally/reducer/replica_mesh.h"
 #include "tally/reducer/replicas.h"
@@ -114,6 +115,10 @@ void ReplicaSession::accept(const wire::ReplicaHello& hello) {
         auth_mac(o.pool_secret, AuthRole::kReplicaAcceptor, dialler_nonce_, acceptor_nonce_,
                  replica_identity(o.shard, o.shard_count, hello.group(), o.group, o.group_count)));
   }
+  // Partial sums come from each other replica group on its own stream,
+  // beside the workers' contributions: this stream's share of the receive
+  // budget (docs/architecture.md, "The receive budget").
+  conn_->bound_receive_window(receive_share(o.receive_budget_bytes, o.group_count));
   conn_->send_control(welcome);
   group_ = hello.group();
   const std::string& t = hello.data_path().transport();

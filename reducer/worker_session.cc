@@ -265,6 +265,13 @@ void WorkerSession::join(std::shared_ptr<const wire::Hello> hello, bool authenti
     w->set_rate_bytes(paced_share(o.link_rate_bits, job_->local_size()));
     conn_->pace(w->rate_bytes());
   }
+  // The streams sending to this reducer: the job's workers on this shard,
+  // and one from each other replica group. Each gets its share of the
+  // receive budget, and offers the same for the results.
+  const uint64_t share =
+      receive_share(o.receive_budget_bytes, job_->local_size() + o.group_count - 1);
+  conn_->bound_receive_window(share);
+  w->set_result_window_bytes(share);
   w->set_reducer_version(TALLY_VERSION);
   w->set_group(o.group);
   w->set_group_count(o.group_count);

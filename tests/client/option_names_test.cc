@@ -68,6 +68,7 @@ void expect_same(const ClientOptions& a, const ClientOptions& b) {
   EXPECT_EQ(a.wire_dtype, b.wire_dtype);
   EXPECT_EQ(a.tcp_congestion, b.tcp_congestion);
   EXPECT_EQ(a.link_rate_bits, b.link_rate_bits);
+  EXPECT_EQ(a.receive_budget_bytes, b.receive_budget_bytes);
 }
 
 const Env kBase{
@@ -100,6 +101,8 @@ TEST(OptionNames, AgreeWithTheEnvironmentReader) {
       with(kBase, {{"TALLY_OP_TIMEOUT_MS", ""}}),  // empty counts as unset
       with(kBase, {{"TALLY_WIRE_DTYPE", "bfloat16"}}),
       with(kBase, {{"TALLY_LINK_RATE", "2.5gbit"}, {"TALLY_TCP_CONGESTION", "reno"}}),
+      with(kBase, {{"TALLY_RECEIVE_BUDGET", "2MiB"}}),
+      with(kBase, {{"TALLY_RECEIVE_BUDGET", "0"}}),
   };
   for (const Env& env : cases) {
     ScopedEnv scoped(env);
@@ -117,6 +120,7 @@ TEST(OptionNames, RejectWhatTheEnvironmentRejects) {
       with(kBase, {{"TALLY_RANK", "4294967296"}}),
       with(kBase, {{"TALLY_CHUNK_BYTES", "1.5MiB"}}),
       with(kBase, {{"TALLY_RESUME_BYTES", "4 parsecs"}}),
+      with(kBase, {{"TALLY_RECEIVE_BUDGET", "-1"}}),
       with(kBase, {{"TALLY_FABRIC_FORCE_REGISTRATION", "maybe"}}),
       with(kBase, {{"TALLY_GROUP_SIZES", "1,x"}}),
       // Only float32 tensors have another wire, and only bfloat16.

@@ -101,6 +101,7 @@ _KEYWORDS = {
     "deterministic": "TALLY_DETERMINISTIC",
     "tcp_congestion": "TALLY_TCP_CONGESTION",
     "link_rate": "TALLY_LINK_RATE",
+    "receive_budget": "TALLY_RECEIVE_BUDGET",
     "secret": "TALLY_JOB_SECRET",
     "secret_file": "TALLY_JOB_SECRET_FILE",
     "log_level": "TALLY_LOG_LEVEL",

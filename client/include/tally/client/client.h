@@ -99,6 +99,13 @@ struct ClientOptions {
   // (docs/architecture.md, "Pacing to the link"). TALLY_LINK_RATE, in tc's
   // units (e.g. 10gbit).
   uint64_t link_rate_bits = 0;
+  // Bytes the S reducers' result streams together may have in flight
+  // towards this worker (0: not bounded): each bounds its receive window to
+  // an equal share, and to no more than its reducer offers in the Welcome,
+  // so that results arriving from S reducers at once stay within this
+  // worker's link and queue (docs/architecture.md, "The receive budget").
+  // TALLY_RECEIVE_BUDGET, a size (e.g. 512KiB).
+  uint64_t receive_budget_bytes = uint64_t{512} << 10;
   // Surviving a reducer restart (docs/protocol.md, "Resuming"): a worker
   // whose stream to a reducer is lost reconnects for up to op_timeout and
   // sends the chunks of its ops in flight again; to do so it keeps a copy

@@ -47,6 +47,13 @@ struct ReducerOptions {
   // sent to a job's workers at once stay within the link
   // (docs/architecture.md, "Pacing to the link"). --link-rate.
   uint64_t link_rate_bits = 0;
+  // Bytes the streams sending to this reducer together may have in flight
+  // towards it (0: not bounded): each worker stream of a job, and each
+  // inbound replica stream, bounds its receive window to an equal share,
+  // and the Welcome offers the same share for the results sent back, so
+  // that W > S stays free of incast without a link rate
+  // (docs/architecture.md, "The receive budget"). --receive-budget.
+  size_t receive_budget_bytes = 512u << 10;
   ConnectionOptions connection;
   // "tcp": data on the TCP streams only. "fabric": also serves workers that
   // ask for the libfabric data path (tcp workers are still served).
