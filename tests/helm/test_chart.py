@@ -328,6 +328,12 @@ def test_a_link_rate_paces_the_reducers_and_tells_the_workers(helm):
     assert "TALLY_LINK_RATE=<the workers' link rate, e.g. 25gbit>" in text, text
 
 
+def test_the_receive_budget_reaches_the_reducers(helm):
+    assert "--receive-budget 524288 " in reducer_script(statefulset(render(helm)))
+    script = reducer_script(statefulset(render(helm, sets=["receiveBudgetBytes=2097152"])))
+    assert "--receive-budget 2097152 " in script
+
+
 def test_large_integers_render_as_integers(helm):
     objs = render(helm, sets=["memoryBudgetBytes=68719476736"])  # 64 GiB
     script = reducer_script(statefulset(objs))
