@@ -320,9 +320,9 @@ struct SegmentedPair : LoopbackPair {
     tcp::acceptor acceptor(io, tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
     client.open(tcp::v4());
     if (segment > 0) {
-      EXPECT_EQ(::setsockopt(client.native_handle(), IPPROTO_TCP, TCP_MAXSEG, &segment,
-                             sizeof segment),
-                0);
+      EXPECT_EQ(
+          ::setsockopt(client.native_handle(), IPPROTO_TCP, TCP_MAXSEG, &segment, sizeof segment),
+          0);
     }
     client.connect(acceptor.local_endpoint());
     server = acceptor.accept();
