@@ -37,7 +37,7 @@ uint64_t paced_share(uint64_t link_rate_bits, size_t streams) {
 
 uint64_t receive_share(uint64_t budget_bytes, size_t streams) {
   if (budget_bytes == 0) return 0;
-  return std::max<uint64_t>(kMinReceiveWindowBytes, budget_bytes / std::max<size_t>(1, streams));
+  return std::max<uint64_t>(1, budget_bytes / std::max<size_t>(1, streams));
 }
 
 }  // namespace tally

@@ -388,12 +388,13 @@ TEST(TcpTransport, BoundReceiveWindowKeepsRoomForItsSegments) {
   receiver->close(Status(ErrorCode::kCancelled, "test over"));
 }
 
-// docs/architecture.md, "The receive budget": an equal share, never below a
-// few segments; a budget of 0 bounds nothing.
+// docs/architecture.md, "The receive budget": an equal share, never 0 (the
+// transport keeps room for a few segments); a budget of 0 bounds nothing.
 TEST(TcpTransport, StreamsConvergingOnAReceiverShareItsReceiveBudget) {
   EXPECT_EQ(receive_share(512 * 1024, 8), 64u * 1024);
   EXPECT_EQ(receive_share(512 * 1024, 0), 512u * 1024);
-  EXPECT_EQ(receive_share(512 * 1024, 1000), kMinReceiveWindowBytes);
+  EXPECT_EQ(receive_share(512 * 1024, 1000), 524u);
+  EXPECT_EQ(receive_share(512 * 1024, 1u << 20), 1u);  // never 0, which means not bounded
   EXPECT_EQ(receive_share(0, 8), 0u);
 }
 

@@ -23,14 +23,11 @@ Result<uint64_t> parse_link_rate(const std::string& rate);
 // whole rate would keep its queue growing. At least 1.
 uint64_t paced_share(uint64_t link_rate_bits, size_t streams);
 
-// The smallest receive window a stream is bounded to: a few segments, so
-// that a budget shared by very many streams still lets each one move.
-inline constexpr uint64_t kMinReceiveWindowBytes = 16 * 1024;
-
 // What each of `streams` streams converging on one receiver may have in
-// flight towards it (Connection::bound_receive_window): an equal share of
-// `budget_bytes`, at least kMinReceiveWindowBytes. 0: not bounded (a budget
-// of 0 turns the bound off).
+// flight towards it (Connection::bound_receive_window, which keeps room for
+// a few of the stream's segments however small the share): an equal share
+// of `budget_bytes`, at least a byte. 0: not bounded (a budget of 0 turns
+// the bound off).
 uint64_t receive_share(uint64_t budget_bytes, size_t streams);
 
 }  // namespace tally
