@@ -81,12 +81,20 @@ FrameHeader data_header(uint64_t op, uint32_t chunk, size_t length) {
   return h;
 }
 
+// A connected loopback pair whose segments are `segment` bytes (the
+// client's SYN offers it; 0: loopback's own, about 64 KiB).
 struct LoopbackPair {
   asio::io_context io;
   tcp::socket server{io};
   tcp::socket client{io};
-  LoopbackPair() {
+  explicit LoopbackPair(int segment = 0) {
     tcp::acceptor acceptor(io, tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
+    client.open(tcp::v4());
+    if (segment > 0) {
+      EXPECT_EQ(
+          ::setsockopt(client.native_handle(), IPPROTO_TCP, TCP_MAXSEG, &segment, sizeof segment),
+          0);
+    }
     client.connect(acceptor.local_endpoint());
     server = acceptor.accept();
   }
@@ -312,23 +320,6 @@ TEST(TcpTransport, PaceSetsTheSocketsMaximumPacingRate) {
   conn->close(Status(ErrorCode::kCancelled, "done"));
 }
 
-// Connects a loopback pair whose segments are `segment` bytes (the client's
-// SYN offers it; 0: loopback's own, about 64 KiB).
-struct SegmentedPair : LoopbackPair {
-  explicit SegmentedPair(int segment) {
-    client = tcp::socket(io);
-    tcp::acceptor acceptor(io, tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
-    client.open(tcp::v4());
-    if (segment > 0) {
-      EXPECT_EQ(
-          ::setsockopt(client.native_handle(), IPPROTO_TCP, TCP_MAXSEG, &segment, sizeof segment),
-          0);
-    }
-    client.connect(acceptor.local_endpoint());
-    server = acceptor.accept();
-  }
-};
-
 int receive_buffer(int fd) {
   int bytes = 0;
   socklen_t len = sizeof bytes;
@@ -342,7 +333,7 @@ int receive_buffer(int fd) {
 // unbounded socket starts at 128 KiB and grows. Ethernet-sized segments, as
 // on a real link.
 TEST(TcpTransport, BoundReceiveWindowFixesTheReceiveBufferThroughATransfer) {
-  SegmentedPair pair(1448);
+  LoopbackPair pair(1448);
   const int fd = pair.server.native_handle();
   ConnectionOptions options;
   options.max_data_bytes = 1u << 20;
@@ -375,7 +366,7 @@ TEST(TcpTransport, BoundReceiveWindowFixesTheReceiveBufferThroughATransfer) {
 // A bound never leaves a stream fewer than kMinWindowSegments segments:
 // loopback's are about 64 KiB, so a 96 KiB bound there becomes about 1 MiB.
 TEST(TcpTransport, BoundReceiveWindowKeepsRoomForItsSegments) {
-  SegmentedPair pair(0);
+  LoopbackPair pair;
   const int fd = pair.server.native_handle();
   int segment = 0;
   socklen_t len = sizeof segment;
