@@ -194,12 +194,9 @@ Result<Row> Sweep::run_row(size_t bytes, uint64_t seed) {
   }
   const double cpu0 = rusage_cpu_seconds(RUSAGE_SELF);
   const auto t0 = std::chrono::steady_clock::now();
-  uint64_t first_timed = 0;  // the timed ops' numbers follow it
-  for (int i = 0; status && i < sweep_.iters; ++i) {
-    const OpHandle op = client_.allreduce_async(mem_, count, dtype_, redop_);
-    if (i == 0) first_timed = op.op().value_or(0);
-    status = op.wait();
-  }
+  const uint64_t first_timed = client_.next_op();  // the timed ops' numbers follow it
+  for (int i = 0; status && i < sweep_.iters; ++i)
+    status = client_.allreduce(mem_, count, dtype_, redop_);
   const auto t1 = std::chrono::steady_clock::now();
   const double cpu1 = rusage_cpu_seconds(RUSAGE_SELF);
   if (!status) {

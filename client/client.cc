@@ -345,8 +345,7 @@ Result<std::unique_ptr<Client>> Client::connect(const ClientOptions& options) {
     impl->links.push_back(std::make_shared<ShardLink>(
         *impl, settings, s, *parse_host_port(options.pool[pool_index(group, s, shards)])));
   }
-  impl->guard.emplace(asio::make_work_guard(impl->io));
-  impl->thread = std::thread([io = &impl->io] { io->run(); });
+  impl->driver.start();
   // From here on `client` owns the thread: an early return closes and joins.
   std::unique_ptr<Client> client(new Client(std::move(impl)));
   Impl& im = *client->impl_;
@@ -386,6 +385,7 @@ Result<std::unique_ptr<Client>> Client::connect(const ClientOptions& options) {
 Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Client::~Client() {
+  impl_->driver.kick();  // a context lent to callers goes back to the I/O thread
   std::promise<void> left;
   asio::post(impl_->io, [im = impl_.get(), &left] {
     auto remaining = std::make_shared<size_t>(im->links.size());
@@ -405,11 +405,9 @@ Client::~Client() {
         link->close(Status(ErrorCode::kCancelled, std::string(kCleanGoodbyeReason)));
     });
   }
-  // Posted after the closes: run() returns even if a connect attempt or a
-  // timer is still pending; what is left is destroyed with the context.
-  asio::post(impl_->io, [io = &impl_->io] { io->stop(); });
-  impl_->guard.reset();
-  if (impl_->thread.joinable()) impl_->thread.join();
+  // After the closes posted above: the context stops even if a connect
+  // attempt or a timer is still pending; what is left is destroyed with it.
+  impl_->driver.join();
   if (impl_->fabric) impl_->fabric->close();
   // Nothing touches a caller's buffer any more: end what is still in flight
   // (every start_op was posted before the goodbyes, so it has run).
@@ -473,7 +471,8 @@ Result<std::shared_ptr<Op>> Client::Impl::make_op(void* data, size_t count, DTyp
 }
 
 OpHandle Client::Impl::submit(const std::vector<std::shared_ptr<Op>>& batch,
-                              std::shared_ptr<OpHandle::State> handle, OpCallback on_done) {
+                              std::shared_ptr<OpHandle::State> handle, OpCallback on_done,
+                              bool kick) {
   // The I/O thread ends every op by its backstop plus the drain grace.
   handle->wait_limit = backstop(options.op_timeout) + kDrainGrace + milliseconds(30000);
   handle->callback = std::move(on_done);
@@ -495,6 +494,7 @@ OpHandle Client::Impl::submit(const std::vector<std::shared_ptr<Op>>& batch,
       asio::post(io, [this, op] { start_op(op); });
     }
   }
+  if (kick) driver.kick();
   handle->end_one(Status::ok());  // the callback cannot run before first_op is set
   return OpHandle(std::move(handle));
 }
@@ -563,8 +563,20 @@ OpHandle Client::allreduce_fused_async(std::span<const BufferRef> buffers, DType
   return impl_->submit(batch, std::move(handle), std::move(on_done));
 }
 
+Status Client::Impl::blocking(const std::vector<std::shared_ptr<Op>>& batch) {
+  auto handle = std::make_shared<OpHandle::State>();
+  if (!driver.borrow()) return submit(batch, std::move(handle), {}).wait();
+  const OpHandle op = submit(batch, handle, {}, /*kick=*/false);
+  driver.run_until([&] { return op.test().has_value(); }, Clock::now() + handle->wait_limit);
+  // Ops of other callers still in flight go back to the I/O thread.
+  driver.give_back(ops.empty());
+  return op.wait();
+}
+
 Status Client::allreduce(void* data, size_t count, DType dtype, RedOp redop) {
-  return allreduce_async(data, count, dtype, redop).wait();
+  auto op = impl_->make_op(data, count, dtype, redop);
+  if (!op) return op.status();
+  return impl_->blocking({*op});
 }
 
 uint32_t Client::rank() const { return impl_->options.rank; }
@@ -577,5 +589,6 @@ ChunkPlan Client::plan(uint64_t count, DType dtype, uint64_t op) const {
   return ChunkPlan(count * dtype_size(dtype), dtype, shards(), impl_->plan_settings, op);
 }
 ClientStats Client::stats() const { return impl_->counters.snapshot(); }
+uint64_t Client::next_op() const { return impl_->next_op.load(); }
 
 }  // namespace tally

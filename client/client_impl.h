@@ -1,10 +1,9 @@
-// Private to libtally: the state of a Client (one I/O thread, its streams
+// Private to libtally: the state of a Client (one I/O context, its streams
 // to the reducers, the ops in flight) shared by client.cc and shard_link.cc.
 #pragma once
 
 #include <array>
 #include <atomic>
-#include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <chrono>
@@ -13,10 +12,10 @@
 #include <mutex>
 #include <optional>
 #include <span>
-#include <thread>
 #include <unordered_map>
 #include <vector>
 
+#include "io_driver.h"
 #include "op_state.h"
 #include "shard_link.h"
 #include "tally/client/client.h"
@@ -137,8 +136,9 @@ struct Client::Impl final : LinkOwner {
   // (no allocation and no page faults per op once warm); I/O thread only.
   std::vector<std::vector<std::byte>> spare_staging;
   boost::asio::io_context io{1};
-  std::optional<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> guard;
-  std::thread thread;
+  // Runs `io`: the I/O thread, or a caller blocked in allreduce(). "I/O
+  // thread only" below means whichever of them holds `io` (io_driver.h).
+  client_internal::IoDriver driver{io};
   // After `io`: endpoints are closed before the context they live on goes.
   std::shared_ptr<Fabric> fabric;
   // What every link says and connects with, this worker's group among it
@@ -220,8 +220,13 @@ struct Client::Impl final : LinkOwner {
   Result<std::shared_ptr<Op>> make_op(void* data, size_t count, DType dtype, RedOp redop);
   // Numbers `batch` (which may hold null entries: count-0 ops that only use
   // a number) and posts its ops, with `handle` waiting for all of them.
+  // `kick`: the I/O thread runs them (an asynchronous call); without it the
+  // caller runs the context itself (blocking()).
   OpHandle submit(const std::vector<std::shared_ptr<Op>>& batch,
-                  std::shared_ptr<OpHandle::State> handle, OpCallback on_done);
+                  std::shared_ptr<OpHandle::State> handle, OpCallback on_done, bool kick = true);
+  // Submits `batch` and waits for its end, running `io` on the calling
+  // thread where it can borrow it (io_driver.h).
+  Status blocking(const std::vector<std::shared_ptr<Op>>& batch);
 };
 
 }  // namespace tally

@@ -172,6 +172,100 @@ TEST(Async, KilledReducerFailsEveryOpInFlight) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, milliseconds(10000));
 }
 
+// A blocking allreduce runs the client's I/O on its own thread (io_driver.h).
+// An asynchronous op in flight beside it ends there too, its callback
+// included, and the async op after a run of blocking ones ends by its
+// callback alone: the I/O thread takes the context back without a wait().
+TEST(Blocking, AsyncOpsBesideAndAfterBlockingOnesEnd) {
+  TestCluster cluster(PoolSpec{.shards = 2});
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  constexpr uint32_t kWorld = 3;
+  auto clients = connect_all(cluster, "blocking-mixed", kWorld);
+  ASSERT_EQ(clients.size(), kWorld);
+  on_every_rank(kWorld, [&](uint32_t r) {
+    Client& client = *clients[r];
+    std::vector<std::vector<float>> data(8);
+    for (size_t i = 0; i < data.size(); ++i) {
+      data[i].resize(1000 + 997 * i);
+      bench::fill_pattern(data[i].data(), data[i].size(), r, i);
+    }
+    std::atomic<int> called{0};
+    OpHandle beside = client.allreduce_async(data[0].data(), data[0].size(), DType::kFloat32,
+                                             RedOp::kSum, [&](const Status& s) {
+                                               EXPECT_TRUE(s.is_ok()) << s.to_string();
+                                               called++;
+                                             });
+    for (size_t i = 1; i < 6; ++i) {
+      Status s = client.allreduce(data[i].data(), data[i].size(), DType::kFloat32, RedOp::kSum);
+      EXPECT_TRUE(s.is_ok()) << s.to_string();
+    }
+    EXPECT_TRUE(beside.test().has_value());  // ended before the blocking ops after it
+    std::promise<Status> after;
+    client.allreduce_async(data[6].data(), data[6].size(), DType::kFloat32, RedOp::kSum,
+                           [&](const Status& s) { after.set_value(s); });
+    auto ended = after.get_future();
+    ASSERT_EQ(ended.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+    EXPECT_TRUE(ended.get().is_ok());
+    Status s = client.allreduce(data[7].data(), data[7].size(), DType::kFloat32, RedOp::kSum);
+    EXPECT_TRUE(s.is_ok()) << s.to_string();
+    EXPECT_EQ(called.load(), 1);
+    for (size_t i = 0; i < data.size(); ++i) {
+      EXPECT_EQ(bench::count_wrong(data[i].data(), data[i].size(), kWorld, RedOp::kSum, i), 0u)
+          << "op " << i;
+    }
+  });
+}
+
+// Two threads of one rank blocked in allreduce at once: one runs the I/O,
+// the other waits for it. Every op has the same input on a rank, so the
+// sums hold whichever thread takes which op number.
+TEST(Blocking, TwoThreadsOfOneClientBlockAtOnce) {
+  TestCluster cluster(PoolSpec{.shards = 2});
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  constexpr uint32_t kWorld = 2;
+  constexpr int kOps = 40;
+  auto clients = connect_all(cluster, "blocking-threads", kWorld);
+  ASSERT_EQ(clients.size(), kWorld);
+  on_every_rank(kWorld, [&](uint32_t r) {
+    auto run = [&] {
+      std::vector<float> v(3000);
+      for (int i = 0; i < kOps; ++i) {
+        bench::fill_pattern(v.data(), v.size(), r, 0);
+        Status s = clients[r]->allreduce(v.data(), v.size(), DType::kFloat32, RedOp::kSum);
+        ASSERT_TRUE(s.is_ok()) << s.to_string();
+        ASSERT_EQ(bench::count_wrong(v.data(), v.size(), kWorld, RedOp::kSum, 0), 0u);
+      }
+    };
+    std::thread other(run);
+    run();
+    other.join();
+  });
+}
+
+// A blocking call runs the timers and sees the streams close: a reducer
+// killed under it fails the op at once, not at the op timeout.
+TEST(Blocking, AKilledReducerFailsTheBlockedCall) {
+  TestCluster cluster(PoolSpec{.shards = 2});
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  auto clients = connect_all(cluster, "blocking-killed", 2,
+                             [](ClientOptions& o, uint32_t) { o.resume_bytes = 0; });
+  ASSERT_EQ(clients.size(), 2u);
+  std::vector<float> v(20000, 1.0f);  // both shards; rank 1 never contributes
+  std::thread killer([&] {
+    // Once the call has sent a chunk, it is blocked on the results.
+    const auto limit = std::chrono::steady_clock::now() + milliseconds(10000);
+    while (clients[0]->stats().bytes_sent == 0 && std::chrono::steady_clock::now() < limit) {
+      std::this_thread::yield();
+    }
+    cluster.kill_reducer(1, SIGKILL);
+  });
+  const auto start = std::chrono::steady_clock::now();
+  Status s = clients[0]->allreduce(v.data(), v.size(), DType::kFloat32, RedOp::kSum);
+  killer.join();
+  EXPECT_EQ(s.code(), ErrorCode::kPeerLost) << s.to_string();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, milliseconds(10000));
+}
+
 // TALLY_WIRE_RESULT=float32: the inputs travel as bfloat16 and the results
 // come back as the reducers' float32 sums. Inputs exact in bfloat16 whose
 // sums are not (257, 259, ...: nine significant bits) come back exact; the

@@ -145,12 +145,15 @@ TALLY_API double tally_op_seconds_bound(size_t i);
  * buckets (tally::ClientStats::op_seconds_quantile); 0 with no op. */
 TALLY_API double tally_stats_op_seconds_quantile(const tally_stats* stats, double q);
 
-/* In-place all-reduce of `count` elements at `data`. Blocks until the op ends. */
+/* In-place all-reduce of `count` elements at `data`. Blocks until the op ends,
+ * doing the client's I/O on the calling thread meanwhile where no other
+ * blocking call is (callbacks of async ops in flight may then run on it). */
 TALLY_API tally_code tally_allreduce(tally_client* client, void* data, size_t count,
                                      tally_dtype dtype, tally_redop op);
 
-/* Runs once when an async op ends, on the client's I/O thread (or on the
- * calling thread if the call is refused at once). `message` is "" on success
+/* Runs once when an async op ends, on the thread doing the client's I/O: its
+ * I/O thread or a thread blocked in tally_allreduce (or on the calling thread
+ * if the call is refused at once). `message` is "" on success
  * and valid during the call only. It must not block. */
 typedef void (*tally_callback)(void* user, tally_code code, const char* message);
 
@@ -168,8 +171,8 @@ TALLY_API tally_code tally_allreduce_fused(tally_client* client, void* const* da
                                            tally_redop op, size_t fuse_bytes);
 
 /* A completion queue: the ends of async ops, for a caller that cannot take a
- * callback on libtally's I/O thread (an interpreter with a global lock would
- * stall the I/O thread while it waits for the lock). An op started with a
+ * callback on the thread doing libtally's I/O (an interpreter with a global
+ * lock would stall that thread while it waits for the lock). An op started with a
  * *_to function posts its tag here when it ends; the caller waits for tags
  * on a thread of its own. Thread-safe. */
 TALLY_API tally_code tally_queue_create(tally_queue** out);

@@ -149,7 +149,8 @@ Status validate(const ClientOptions& options);
 Result<std::string> validated_congestion_control(const ClientOptions& options);
 
 // The end of an asynchronous op, handed to its callback: ok, or why it failed.
-// Runs on the client's I/O thread (or, for a call refused at once, on the
+// Runs on the thread doing the client's I/O: its I/O thread, or a thread
+// blocked in Client::allreduce (or, for a call refused at once, on the
 // calling thread before the call returns; for an op still in flight when the
 // Client is destroyed, on the destroying thread), before the op's waiters
 // wake. It must not block (nor wait on its own op) or throw; it may start new
@@ -219,6 +220,10 @@ class Client {
   // holds a mix of input and result, and is no longer touched by tally.
   // Thread-safe, but ops are numbered in call order, which must match on
   // every worker. Once a reducer stream is lost every later op fails too.
+  // While it blocks, the calling thread does the client's I/O itself where
+  // no other blocking call is doing it (the callbacks of asynchronous ops
+  // in flight may then run on it): a small op costs no wake-up of the I/O
+  // thread. allreduce_async(...).wait() always waits for the I/O thread.
   Status allreduce(void* data, size_t count, DType dtype, RedOp op);
 
   template <typename T>
@@ -263,6 +268,8 @@ class Client {
   ChunkPlan plan(uint64_t count, DType dtype, uint64_t op) const;
   // Its counters so far (stats.h). Thread-safe.
   ClientStats stats() const;
+  // The number the next op will take (ops numbered so far).
+  uint64_t next_op() const;
 
   struct Impl;
 
