@@ -472,7 +472,7 @@ Result<std::shared_ptr<Op>> Client::Impl::make_op(void* data, size_t count, DTyp
 
 OpHandle Client::Impl::submit(const std::vector<std::shared_ptr<Op>>& batch,
                               std::shared_ptr<OpHandle::State> handle, OpCallback on_done,
-                              bool kick) {
+                              Runner runner) {
   // The I/O thread ends every op by its backstop plus the drain grace.
   handle->wait_limit = backstop(options.op_timeout) + kDrainGrace + milliseconds(30000);
   handle->callback = std::move(on_done);
@@ -494,7 +494,7 @@ OpHandle Client::Impl::submit(const std::vector<std::shared_ptr<Op>>& batch,
       asio::post(io, [this, op] { start_op(op); });
     }
   }
-  if (kick) driver.kick();
+  if (runner == Runner::kIoThread) driver.kick();
   handle->end_one(Status::ok());  // the callback cannot run before first_op is set
   return OpHandle(std::move(handle));
 }
@@ -506,23 +506,20 @@ OpHandle Client::allreduce_async(void* data, size_t count, DType dtype, RedOp re
   return impl_->submit({*op}, std::make_shared<OpHandle::State>(), std::move(on_done));
 }
 
-OpHandle Client::allreduce_fused_async(std::span<const BufferRef> buffers, DType dtype, RedOp redop,
-                                       size_t fuse_bytes, OpCallback on_done) {
+Result<Client::Impl::Fused> Client::Impl::fuse(std::span<const BufferRef> buffers, DType dtype,
+                                               RedOp redop, size_t fuse_bytes) {
   const size_t esize = dtype_size(dtype);
   // Every buffer is checked before any op number is taken.
   for (const BufferRef& b : buffers) {
-    if (auto op = impl_->make_op(b.data, b.count, dtype, redop); !op) {
-      return OpHandle::State::ended(op.status(), std::move(on_done));
-    }
+    if (auto op = make_op(b.data, b.count, dtype, redop); !op) return op.status();
   }
-  auto handle = std::make_shared<OpHandle::State>();
-  std::vector<std::shared_ptr<Op>> batch;
+  Fused fused{{}, std::make_shared<OpHandle::State>()};
   std::vector<const BufferRef*> group;
   size_t group_bytes = 0;
   Status bad;
   auto flush = [&] {
     if (group.size() == 1) {
-      batch.push_back(*impl_->make_op(group[0]->data, group[0]->count, dtype, redop));
+      fused.batch.push_back(*make_op(group[0]->data, group[0]->count, dtype, redop));
     } else if (group.size() > 1) {
       OpHandle::State::Staged staged;
       staged.bytes.resize(group_bytes);
@@ -533,12 +530,12 @@ OpHandle Client::allreduce_fused_async(std::span<const BufferRef> buffers, DType
         staged.parts.emplace_back(static_cast<std::byte*>(b->data), nbytes);
         offset += nbytes;
       }
-      auto op = impl_->make_op(staged.bytes.data(), group_bytes / esize, dtype, redop);
+      auto op = make_op(staged.bytes.data(), group_bytes / esize, dtype, redop);
       if (!op) {
         bad = op.status();  // a fused group with more than 2^32 chunks
       } else {
-        batch.push_back(*op);
-        handle->staged.push_back(std::move(staged));
+        fused.batch.push_back(*op);
+        fused.handle->staged.push_back(std::move(staged));
       }
     }
     group.clear();
@@ -559,14 +556,28 @@ OpHandle Client::allreduce_fused_async(std::span<const BufferRef> buffers, DType
     group_bytes += nbytes;
   }
   flush();
-  if (!bad.is_ok()) return OpHandle::State::ended(bad, std::move(on_done));
-  return impl_->submit(batch, std::move(handle), std::move(on_done));
+  if (!bad.is_ok()) return bad;
+  return fused;
 }
 
-Status Client::Impl::blocking(const std::vector<std::shared_ptr<Op>>& batch) {
-  auto handle = std::make_shared<OpHandle::State>();
+OpHandle Client::allreduce_fused_async(std::span<const BufferRef> buffers, DType dtype, RedOp redop,
+                                       size_t fuse_bytes, OpCallback on_done) {
+  auto fused = impl_->fuse(buffers, dtype, redop, fuse_bytes);
+  if (!fused) return OpHandle::State::ended(fused.status(), std::move(on_done));
+  return impl_->submit(fused->batch, std::move(fused->handle), std::move(on_done));
+}
+
+Status Client::allreduce_fused(std::span<const BufferRef> buffers, DType dtype, RedOp redop,
+                               size_t fuse_bytes) {
+  auto fused = impl_->fuse(buffers, dtype, redop, fuse_bytes);
+  if (!fused) return fused.status();
+  return impl_->blocking(fused->batch, std::move(fused->handle));
+}
+
+Status Client::Impl::blocking(const std::vector<std::shared_ptr<Op>>& batch,
+                              std::shared_ptr<OpHandle::State> handle) {
   if (!driver.borrow()) return submit(batch, std::move(handle), {}).wait();
-  const OpHandle op = submit(batch, handle, {}, /*kick=*/false);
+  const OpHandle op = submit(batch, handle, {}, Runner::kCaller);
   driver.run_until([&] { return op.test().has_value(); }, Clock::now() + handle->wait_limit);
   // Ops of other callers still in flight go back to the I/O thread.
   driver.give_back(ops.empty());
@@ -576,7 +587,7 @@ Status Client::Impl::blocking(const std::vector<std::shared_ptr<Op>>& batch) {
 Status Client::allreduce(void* data, size_t count, DType dtype, RedOp redop) {
   auto op = impl_->make_op(data, count, dtype, redop);
   if (!op) return op.status();
-  return impl_->blocking({*op});
+  return impl_->blocking({*op}, std::make_shared<OpHandle::State>());
 }
 
 uint32_t Client::rank() const { return impl_->options.rank; }

@@ -218,15 +218,26 @@ struct Client::Impl final : LinkOwner {
 
   // An op for `count` elements at `data`, or why the arguments are unusable.
   Result<std::shared_ptr<Op>> make_op(void* data, size_t count, DType dtype, RedOp redop);
+  // The ops of one fused call and the handle that waits for them (its
+  // staging copies in it), or why the buffers are refused.
+  struct Fused {
+    std::vector<std::shared_ptr<Op>> batch;
+    std::shared_ptr<OpHandle::State> handle;
+  };
+  Result<Fused> fuse(std::span<const BufferRef> buffers, DType dtype, RedOp redop,
+                     size_t fuse_bytes);
+  // Who runs a submitted batch's ops: the I/O thread (an asynchronous
+  // call), or the calling thread, which has borrowed `io` (blocking()).
+  enum class Runner { kIoThread, kCaller };
   // Numbers `batch` (which may hold null entries: count-0 ops that only use
   // a number) and posts its ops, with `handle` waiting for all of them.
-  // `kick`: the I/O thread runs them (an asynchronous call); without it the
-  // caller runs the context itself (blocking()).
   OpHandle submit(const std::vector<std::shared_ptr<Op>>& batch,
-                  std::shared_ptr<OpHandle::State> handle, OpCallback on_done, bool kick = true);
+                  std::shared_ptr<OpHandle::State> handle, OpCallback on_done,
+                  Runner runner = Runner::kIoThread);
   // Submits `batch` and waits for its end, running `io` on the calling
   // thread where it can borrow it (io_driver.h).
-  Status blocking(const std::vector<std::shared_ptr<Op>>& batch);
+  Status blocking(const std::vector<std::shared_ptr<Op>>& batch,
+                  std::shared_ptr<OpHandle::State> handle);
 };
 
 }  // namespace tally

@@ -216,6 +216,39 @@ TEST(Blocking, AsyncOpsBesideAndAfterBlockingOnesEnd) {
   });
 }
 
+// The blocking fused call borrows the I/O as allreduce does: the same groups
+// (the next op number shows them) and the fused buffers copied back.
+TEST(Blocking, FusedCallMatchesTheClosedForm) {
+  TestCluster cluster(PoolSpec{.shards = 2});
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  constexpr uint32_t kWorld = 2;
+  auto clients = connect_all(cluster, "blocking-fused", kWorld);
+  ASSERT_EQ(clients.size(), kWorld);
+  const std::vector<size_t> counts{10, 20, 0, 900, 2000, 5, 1};  // 3 ops at 4000 bytes
+  on_every_rank(kWorld, [&](uint32_t r) {
+    std::vector<std::vector<int32_t>> data;
+    std::vector<BufferRef> refs;
+    for (size_t n : counts) {
+      data.emplace_back(n);
+      bench::fill_pattern(data.back().data(), n, r, data.size());
+    }
+    for (auto& d : data) refs.push_back({d.data(), d.size()});
+    Status s = clients[r]->allreduce_fused(refs, DType::kInt32, RedOp::kSum, 4000);
+    ASSERT_TRUE(s.is_ok()) << s.to_string();
+    for (size_t i = 0; i < data.size(); ++i) {
+      EXPECT_EQ(bench::count_wrong(data[i].data(), data[i].size(), kWorld, RedOp::kSum, i + 1), 0u)
+          << "buffer " << i;
+    }
+    EXPECT_EQ(clients[r]->next_op(), 3u);
+    EXPECT_EQ(clients[r]->allreduce_fused({}, DType::kInt32, RedOp::kSum).code(), ErrorCode::kOk);
+    std::vector<int32_t> bad(3);
+    const BufferRef unaligned{reinterpret_cast<std::byte*>(bad.data()) + 1, 1};
+    EXPECT_EQ(clients[r]->allreduce_fused({&unaligned, 1}, DType::kInt32, RedOp::kSum).code(),
+              ErrorCode::kInvalidArgument);
+    EXPECT_EQ(clients[r]->next_op(), 3u);  // refused: no op number taken
+  });
+}
+
 // Two threads of one rank blocked in allreduce at once: one runs the I/O,
 // the other waits for it. Every op has the same input on a rank, so the
 // sums hold whichever thread takes which op number.

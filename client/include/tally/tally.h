@@ -152,9 +152,9 @@ TALLY_API tally_code tally_allreduce(tally_client* client, void* data, size_t co
                                      tally_dtype dtype, tally_redop op);
 
 /* Runs once when an async op ends, on the thread doing the client's I/O: its
- * I/O thread or a thread blocked in tally_allreduce (or on the calling thread
- * if the call is refused at once). `message` is "" on success
- * and valid during the call only. It must not block. */
+ * I/O thread or a thread blocked in tally_allreduce(_fused) (or on the calling
+ * thread if the call is refused at once). `message` is "" on success and valid
+ * during the call only. It must not block. */
 typedef void (*tally_callback)(void* user, tally_code code, const char* message);
 
 /* Starts the all-reduce and returns at once with *out, a handle the caller
@@ -165,7 +165,7 @@ TALLY_API tally_code tally_allreduce_async(tally_client* client, void* data, siz
                                            tally_dtype dtype, tally_redop op,
                                            tally_callback callback, void* user, tally_op** out);
 /* All-reduces `n` buffers of one dtype, fusing those below `fuse_bytes` into
- * one op per group (C++ Client::allreduce_fused_async). Blocks. */
+ * one op per group (C++ Client::allreduce_fused). Blocks as tally_allreduce. */
 TALLY_API tally_code tally_allreduce_fused(tally_client* client, void* const* data,
                                            const size_t* counts, size_t n, tally_dtype dtype,
                                            tally_redop op, size_t fuse_bytes);

@@ -150,7 +150,7 @@ Result<std::string> validated_congestion_control(const ClientOptions& options);
 
 // The end of an asynchronous op, handed to its callback: ok, or why it failed.
 // Runs on the thread doing the client's I/O: its I/O thread, or a thread
-// blocked in Client::allreduce (or, for a call refused at once, on the
+// blocked in Client::allreduce(_fused) (or, for a call refused at once, on the
 // calling thread before the call returns; for an op still in flight when the
 // Client is destroyed, on the destroying thread), before the op's waiters
 // wake. It must not block (nor wait on its own op) or throw; it may start new
@@ -252,10 +252,9 @@ class Client {
   // after a failed allreduce. `fuse_bytes` = 0 fuses nothing.
   OpHandle allreduce_fused_async(std::span<const BufferRef> buffers, DType dtype, RedOp op,
                                  size_t fuse_bytes = kDefaultFuseBytes, OpCallback on_done = {});
+  // The same, blocking as allreduce() does.
   Status allreduce_fused(std::span<const BufferRef> buffers, DType dtype, RedOp op,
-                         size_t fuse_bytes = kDefaultFuseBytes) {
-    return allreduce_fused_async(buffers, dtype, op, fuse_bytes).wait();
-  }
+                         size_t fuse_bytes = kDefaultFuseBytes);
 
   uint32_t rank() const;
   uint32_t world_size() const;
