@@ -56,7 +56,11 @@ Result<std::unique_ptr<LocalPool>> LocalPool::start(const LocalPoolOptions& opti
     if (options.http) spec.args.insert(spec.args.end(), {"--http-listen", host + ":0"});
     spec.args.insert(spec.args.end(), options.extra_args.begin(), options.extra_args.end());
     if (!options.log_dir.empty()) {
-      spec.stderr_path = options.log_dir + "/reducer-" + std::to_string(i) + ".log";
+      // Both streams: a reducer holding its launcher's stdout would keep a
+      // pipe open after the launcher died (a test halted by a sanitizer
+      // then reads as a timeout to whoever waits for that pipe's end).
+      spec.stdout_path = options.log_dir + "/reducer-" + std::to_string(i) + ".log";
+      spec.stderr_to_stdout = true;
     }
     if (options.place) options.place(i, spec);
     auto p = Process::spawn(spec);
@@ -152,7 +156,7 @@ Status LocalPool::restart(uint32_t index, std::chrono::milliseconds timeout) {
     if (spec.args[i] == "--listen") spec.args[i + 1] = addresses_[index];
     if (spec.args[i] == "--ready-file") spec.args[i + 1] = ready;
   }
-  if (!spec.stderr_path.empty()) spec.stderr_path += "." + incarnation;
+  if (!spec.stdout_path.empty()) spec.stdout_path += "." + incarnation;
   auto p = Process::spawn(spec);
   if (!p) return p.status();
   processes_[index] = std::move(*p);

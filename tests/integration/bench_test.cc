@@ -1,13 +1,18 @@
 // tally-bench end to end: a sweep on a local pool (the table and --json),
 // a 2 x 3 pool whose per-reducer bytes must match the formula, and driver
 // mode against a pool that is already running; worker mode's --chunk-bytes.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
@@ -343,6 +348,54 @@ TEST(Bench, RunStartsTheRanksBesideALocalPool) {
   EXPECT_EQ(*failed.status, 1) << failed.out << failed.err;
   EXPECT_TRUE(contains(failed.err, "rank 1 exited with status 3")) << failed.err;
   EXPECT_TRUE(contains(failed.err, "rank 1 of 2 gives up")) << failed.err;
+}
+
+// A test process that dies without its destructors (a sanitizer halting
+// it) leaves its reducers running; they must not hold its output open, or
+// ctest, waiting for that pipe's end, reports a timeout instead of the
+// report. The test runs itself as the child, its stdout a FIFO read here.
+TEST(LocalPool, ReducersDoNotHoldTheLaunchersOutputOpen) {
+  if (const char* pids = std::getenv("TALLY_TEST_POOL_PIDS")) {
+    TestCluster cluster(PoolSpec{.shards = 2});
+    ASSERT_TRUE(cluster.ok()) << cluster.error();
+    std::ofstream out(pids);
+    for (uint32_t i = 0; i < 2; ++i) out << cluster.reducer(i).pid() << "\n";
+    out.close();
+    std::fflush(nullptr);
+    _exit(3);  // as a sanitizer's halt: no destructor stops the pool
+  }
+  TempDir tmp;
+  ASSERT_TRUE(tmp.ok());
+  const std::string fifo = tmp.path() + "/stdout";
+  const std::string pids = tmp.path() + "/pids";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  const int fd = open(fifo.c_str(), O_RDONLY | O_NONBLOCK);
+  ASSERT_GE(fd, 0);
+  bench::ProcessSpec spec;
+  spec.path = "/proc/self/exe";
+  spec.args = {"--gtest_filter=LocalPool.ReducersDoNotHoldTheLaunchersOutputOpen"};
+  spec.env = {{"TALLY_TEST_POOL_PIDS", pids}};
+  spec.stdout_path = fifo;
+  spec.stderr_to_stdout = true;
+  auto child = bench::Process::spawn(spec);
+  ASSERT_TRUE(static_cast<bool>(child)) << child.status().to_string();
+  // The FIFO ends once every writer has closed it: the child and whatever
+  // it started that kept it.
+  bool ended = false;
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  char buf[4096];
+  while (!ended && std::chrono::steady_clock::now() < deadline) {
+    pollfd p{fd, POLLIN, 0};
+    poll(&p, 1, 100);
+    const ssize_t n = read(fd, buf, sizeof buf);
+    // 0 once a writer has been and every writer is gone.
+    ended = n == 0 && child->wait_for(0ms).has_value();
+  }
+  close(fd);
+  EXPECT_EQ(child->wait_for(10s), std::optional<int>(3));
+  std::ifstream in(pids);
+  for (pid_t pid; in >> pid;) ::kill(pid, SIGKILL);  // the orphans
+  EXPECT_TRUE(ended) << "the child's output stayed open after it died";
 }
 
 }  // namespace

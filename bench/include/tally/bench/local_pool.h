@@ -24,7 +24,8 @@ struct LocalPoolOptions {
   bool http = false;
   std::string reducer_path;  // empty: tally-reducer beside this executable, then ../reducer/
   std::vector<std::string> extra_args;  // passed to every reducer
-  std::string log_dir;  // reducer stderr goes to log_dir/reducer-<index>.log; empty: inherit
+  std::string
+      log_dir;  // reducer stdout and stderr go to log_dir/reducer-<index>.log; empty: inherit
   std::chrono::milliseconds start_timeout{15000};
   // Reducer i listens (and serves HTTP) on hosts[i]; empty: 127.0.0.1.
   std::vector<std::string> hosts;
