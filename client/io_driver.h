@@ -57,17 +57,16 @@ class IoDriver {
   // false when another caller holds it or the client is closing (then the
   // caller waits for the I/O thread as usual).
   bool borrow();
-  // Runs the borrowed context until `done()` or `deadline`: false at the
-  // deadline, or when the context was stopped under the borrower.
+  // Runs the borrowed context until `done()`, `deadline`, or the context is
+  // stopped under the borrower (the caller then waits as usual).
   template <typename Done>
-  bool run_until(Done done, std::chrono::steady_clock::time_point deadline) {
+  void run_until(Done done, std::chrono::steady_clock::time_point deadline) {
     while (!done()) {
       if (io_.run_one_until(deadline) == 0 &&
           (io_.stopped() || std::chrono::steady_clock::now() >= deadline)) {
-        return done();
+        return;
       }
     }
-    return true;
   }
   // Hands a borrowed context back: kept lent for the next blocking call when
   // `idle` (nothing in flight), else at once to the I/O thread.
