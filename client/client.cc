@@ -376,7 +376,6 @@ Result<std::unique_ptr<Client>> Client::connect(const ClientOptions& options) {
         std::min(im.plan_settings.max_chunk_bytes, link->max_chunk_bytes);
     slowest_link = std::min(slowest_link, link->link_rate_bits);
   }
-  im.plan_settings.chunk_floor_bytes = chunk_floor_for_link(slowest_link, shards);
   im.plan_settings.chunk_ceiling_bytes =
       chunk_ceiling_for_link(slowest_link, std::max(shards, options.world_size));
   return client;

@@ -25,18 +25,11 @@ uint64_t paced_bytes_per_ms(uint64_t link_rate_bits, uint32_t streams) {
 
 }  // namespace
 
-uint64_t chunk_floor_for_link(uint64_t link_rate_bits, uint32_t shards) {
-  if (link_rate_bits == 0) return kPlanChunkFloorBytes;
-  // A millisecond of what each of a worker's S streams is paced to.
-  return std::clamp<uint64_t>(paced_bytes_per_ms(link_rate_bits, shards), kPlanPacedChunkFloorBytes,
-                              kPlanChunkFloorBytes);
-}
-
 uint64_t chunk_ceiling_for_link(uint64_t link_rate_bits, uint32_t streams) {
   if (link_rate_bits == 0) return kPlanChunkCeilingBytes;
   const uint64_t bytes =
       kPlanPacedChunkCeilingMs * paced_bytes_per_ms(link_rate_bits, streams) / 4096 * 4096;
-  return std::clamp<uint64_t>(bytes, kPlanPacedChunkFloorBytes, kPlanChunkCeilingBytes);
+  return std::clamp<uint64_t>(bytes, kPlanChunkFloorBytes, kPlanChunkCeilingBytes);
 }
 
 ChunkPlan::ChunkPlan(uint64_t nbytes, DType dtype, uint32_t shards, const PlanSettings& settings,

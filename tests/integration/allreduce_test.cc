@@ -465,12 +465,10 @@ TEST(Pacing, StreamsArePacedToTheirShareOfTheLinkRate) {
 }
 
 // The Welcome carries each reducer's link rate, and the workers cut by the
-// slowest: on a pool at 500 Mbit/s a 1 MiB op over 2 shards gets chunks of
-// about a millisecond of a stream's share (29.7 kB, so the 32 KiB paced
-// floor), where an unpaced pool keeps the 64 KiB floor; and a 16 MiB op
-// chunks of about 3 ms of it (84 KiB, max(S, W) = 2 streams sharing a
-// link), where an unpaced pool keeps the 256 KiB ceiling. The sums stay
-// exact either way.
+// slowest: on a pool at 500 Mbit/s a 4 MiB op over 2 shards gets chunks of
+// about 3 ms of a stream's share (84 KiB, max(S, W) = 2 streams sharing a
+// link), where an unpaced pool keeps the 256 KiB ceiling. The floor is the
+// same with or without a rate. The sums stay exact either way.
 TEST(Pacing, WorkersCutChunksByTheSlowestReducerLink) {
   if (auto paced = paced_congestion_control(""); !paced) {
     GTEST_SKIP() << "no congestion control to pace with here: " << paced.status().to_string();
@@ -488,8 +486,7 @@ TEST(Pacing, WorkersCutChunksByTheSlowestReducerLink) {
                                [](ClientOptions& o, uint32_t) { o.chunk_bytes = 0; });
     ASSERT_EQ(clients.size(), kWorld);
     const ChunkPlan plan = clients[0]->plan(256 * 1024, DType::kFloat32, 0);
-    EXPECT_EQ(plan.full_chunk_bytes(),
-              rate == "off" ? kPlanChunkFloorBytes : kPlanPacedChunkFloorBytes);
+    EXPECT_EQ(plan.full_chunk_bytes(), kPlanChunkFloorBytes);
     const ChunkPlan large = clients[0]->plan(4 << 20, DType::kFloat32, 1);
     EXPECT_EQ(large.full_chunk_bytes(), rate == "off" ? kPlanChunkCeilingBytes : 84 * 1024);
     on_every_rank(kWorld, [&](uint32_t r) {

@@ -189,29 +189,13 @@ TEST(ChunkPlan, OneMiBSpreadsOverEveryShardInFloorSizedChunks) {
   // A 1 MiB op spreads over every shard rather than landing on one.
   const ChunkPlan plan(MiB, DType::kFloat32, 4);
   for (uint32_t s = 0; s < 4; ++s) EXPECT_EQ(plan.shard_bytes(s), 256 * KiB);
-  // 256 KiB / 16 chunks = 16 KiB, under the floor: 64 KiB chunks, 4 a shard.
+  // 256 KiB / 16 chunks = 16 KiB, under the floor: 32 KiB chunks, 8 a shard.
+  EXPECT_EQ(kPlanChunkFloorBytes, 32 * KiB);
   EXPECT_EQ(plan.full_chunk_bytes(), kPlanChunkFloorBytes);
-  EXPECT_EQ(plan.chunks_on_shard(0), 4u);
-  EXPECT_EQ(plan.chunk_count(), 16u);
-}
-
-// On slow paced links the floor is about 1 ms of a stream's share of the
-// link (architecture.md, "The chunk plan"): a 1 MiB op at 1 Gbit/s over 4
-// shards (29.7 MB/s a stream) is cut in 32 KiB chunks, 8 a shard.
-TEST(ChunkPlan, SlowPacedLinksLowerTheChunkFloor) {
-  EXPECT_EQ(chunk_floor_for_link(0, 4), kPlanChunkFloorBytes);  // no rate: unpaced
-  EXPECT_EQ(chunk_floor_for_link(1000000000, 4), kPlanPacedChunkFloorBytes);
-  EXPECT_EQ(chunk_floor_for_link(1500000000, 4), 44531u);  // 178.1 MB/s / 4 for 1 ms
-  EXPECT_EQ(chunk_floor_for_link(10000000000, 4), kPlanChunkFloorBytes);
-  EXPECT_EQ(chunk_floor_for_link(1000000000, 0), kPlanChunkFloorBytes);  // no shards: 1
-  const ChunkPlan plan(MiB, DType::kFloat32, 4,
-                       {.chunk_floor_bytes = chunk_floor_for_link(1000000000, 4)});
-  EXPECT_EQ(plan.full_chunk_bytes(), 32 * KiB);
   EXPECT_EQ(plan.chunks_on_shard(0), 8u);
+  EXPECT_EQ(plan.chunk_count(), 32u);
   // From 4 MiB (1 MiB a shard, 64 KiB / 16) the floor no longer binds.
-  const ChunkPlan large(4 * MiB, DType::kFloat32, 4,
-                        {.chunk_floor_bytes = chunk_floor_for_link(1000000000, 4)});
-  EXPECT_EQ(large.full_chunk_bytes(), ChunkPlan(4 * MiB, DType::kFloat32, 4).full_chunk_bytes());
+  EXPECT_EQ(ChunkPlan(4 * MiB, DType::kFloat32, 4).full_chunk_bytes(), 64 * KiB);
 }
 
 // On slow paced links the ceiling is about 3 ms of a stream's share of the
@@ -222,13 +206,12 @@ TEST(ChunkPlan, SlowPacedLinksLowerTheChunkCeiling) {
   EXPECT_EQ(chunk_ceiling_for_link(1000000000, 4), 84 * KiB);
   // 14.8 MB/s: 44,529 bytes, 40 KiB.
   EXPECT_EQ(chunk_ceiling_for_link(1000000000, 8), 40 * KiB);
-  EXPECT_EQ(chunk_ceiling_for_link(1000000000, 64), kPlanPacedChunkFloorBytes);
+  EXPECT_EQ(chunk_ceiling_for_link(1000000000, 64), kPlanChunkFloorBytes);
   EXPECT_EQ(chunk_ceiling_for_link(10000000000, 4), kPlanChunkCeilingBytes);
   EXPECT_EQ(chunk_ceiling_for_link(1000000000, 0), kPlanChunkCeilingBytes);  // no streams: 1
   // 16 MiB at W = 8, S = 8 on 1 Gbit/s links: 2 MiB a shard, in 52 chunks
   // of 40 KiB (the last one shorter) instead of 16 of 128 KiB.
-  const PlanSettings paced{.chunk_floor_bytes = chunk_floor_for_link(1000000000, 8),
-                           .chunk_ceiling_bytes = chunk_ceiling_for_link(1000000000, 8)};
+  const PlanSettings paced{.chunk_ceiling_bytes = chunk_ceiling_for_link(1000000000, 8)};
   const ChunkPlan plan(16 * MiB, DType::kFloat32, 8, paced);
   EXPECT_EQ(plan.full_chunk_bytes(), 40 * KiB);
   EXPECT_EQ(plan.chunks_on_shard(0), 52u);

@@ -34,10 +34,9 @@ namespace tally {
 
 // Defaults of the automatic plan; the reasons (measurements) are in
 // docs/architecture.md, "The chunk plan".
-inline constexpr uint32_t kPlanTargetChunks = 16;                 // per shard
-inline constexpr uint64_t kPlanChunkFloorBytes = 64u << 10;       // per-frame cost floor
-inline constexpr uint64_t kPlanPacedChunkFloorBytes = 32u << 10;  // floor on slow paced links
-inline constexpr uint64_t kPlanChunkCeilingBytes = 256u << 10;    // fill and drain on paced links
+inline constexpr uint32_t kPlanTargetChunks = 16;               // per shard
+inline constexpr uint64_t kPlanChunkFloorBytes = 32u << 10;     // per-frame cost floor
+inline constexpr uint64_t kPlanChunkCeilingBytes = 256u << 10;  // fill and drain on paced links
 inline constexpr uint64_t kPlanPacedChunkCeilingMs =
     3;  // ceiling on slow paced links, ms of a stream
 inline constexpr uint64_t kPlanMinShardBytes = 16u << 10;    // per reducer an op reaches
@@ -52,21 +51,13 @@ inline constexpr uint64_t kMaxChunkBytesLimit = 1u << 30;
 // The one place that knows how a reducer's slab relates to a chunk.
 uint64_t max_chunk_elements(uint64_t max_chunk_bytes, DType dtype);
 
-// The automatic plan's chunk floor for a pool whose reducers' links run at
+// The automatic plan's chunk ceiling for a pool whose reducers' links run at
 // `link_rate_bits` (the slowest of their Welcomes' link_rate_bits; 0 where
-// any reducer has none): about a millisecond of wire time at a worker
-// stream's paced share (paced_share over `shards`), between
-// kPlanPacedChunkFloorBytes and kPlanChunkFloorBytes. On a slow link a frame's
-// CPU is small beside its wire time and a smaller chunk fills and drains a
-// shard's pipeline sooner; without a rate the floor stays
-// kPlanChunkFloorBytes, where per-frame CPU is what counts.
-uint64_t chunk_floor_for_link(uint64_t link_rate_bits, uint32_t shards);
-
-// The automatic plan's chunk ceiling for the same pool: about
+// any reducer has none): about
 // kPlanPacedChunkCeilingMs of wire time at the paced share of a stream when
 // `streams` share one link (max(S, W): a worker's S streams leave its link,
 // and a reducer paces its W streams of results to their share of its own),
-// rounded down to 4 KiB, between kPlanPacedChunkFloorBytes and
+// rounded down to 4 KiB, between kPlanChunkFloorBytes and
 // kPlanChunkCeilingBytes; kPlanChunkCeilingBytes without a rate. A reducer returns
 // a chunk only once every rank's copy is in, so each op spends about a
 // chunk's wire time filling and one draining a shard's pipeline, and on a
@@ -79,8 +70,7 @@ struct PlanSettings {
   // 0: automatic; else the override's chunk size in bytes (TALLY_CHUNK_BYTES).
   uint64_t chunk_bytes = 0;
   uint32_t target_chunks = kPlanTargetChunks;
-  // Automatic plans only; a client sets chunk_floor_for_link and
-  // chunk_ceiling_for_link of its pool.
+  // Automatic plans only; a client sets chunk_ceiling_for_link of its pool.
   uint64_t chunk_floor_bytes = kPlanChunkFloorBytes;
   uint64_t chunk_ceiling_bytes = kPlanChunkCeilingBytes;
   // Automatic plans only: an op reaches one shard per this many bytes (at
