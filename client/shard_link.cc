@@ -268,6 +268,7 @@ void ShardLink::on_connected(Result<asio::ip::tcp::socket> r) {
   h->set_groups_explicit(settings_.options.group.has_value());
   h->set_resume(phase_ == Phase::kResuming);
   h->set_deterministic(settings_.options.deterministic);
+  h->set_paced(settings_.options.link_rate_bits > 0);
   if (!settings_.options.secret.empty()) {
     worker_nonce_ = make_nonce();
     h->set_auth_nonce(worker_nonce_);
@@ -339,14 +340,17 @@ void ShardLink::on_welcome(const wire::Welcome& w) {
     if (w.rate_bytes() > 0) rate = std::min<uint64_t>(rate, w.rate_bytes());
     conn_->pace(rate);
   }
-  // Results come from the group's S reducers at once: this stream's share
-  // of the worker's receive budget, and no more than the reducer's share of
-  // its own, which W workers' results leave through at once.
-  uint64_t window = receive_share(settings_.options.receive_budget_bytes, settings_.shard_count);
-  if (w.result_window_bytes() > 0) {
-    window = window == 0 ? w.result_window_bytes() : std::min(window, w.result_window_bytes());
+  // Results come from the group's S reducers at once: unless the reducer
+  // paces them, this stream's share of the worker's receive budget, and no
+  // more than the reducer's share of its own, which W workers' results
+  // leave through at once.
+  if (w.rate_bytes() == 0) {
+    uint64_t window = receive_share(settings_.options.receive_budget_bytes, settings_.shard_count);
+    if (w.result_window_bytes() > 0) {
+      window = window == 0 ? w.result_window_bytes() : std::min(window, w.result_window_bytes());
+    }
+    conn_->bound_receive_window(window);
   }
-  conn_->bound_receive_window(window);
   window_.open(w.window_chunks(), w.window_bytes());
   max_chunk_bytes = w.max_chunk_bytes();
   link_rate_bits = w.link_rate_bits();

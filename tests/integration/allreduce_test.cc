@@ -499,5 +499,72 @@ TEST(Pacing, WorkersCutChunksByTheSlowestReducerLink) {
   }
 }
 
+// The receive buffers, in bytes, of the established TCP sockets that `ss`
+// selects with `filter`.
+std::vector<uint64_t> receive_buffers(const std::string& filter) {
+  std::vector<uint64_t> buffers;
+  const std::string command = "ss -tmH state established '( " + filter + " )' 2>/dev/null";
+  FILE* ss = ::popen(command.c_str(), "r");
+  if (!ss) return buffers;
+  std::string out;
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, ss)) > 0;) out.append(buf, n);
+  ::pclose(ss);
+  static const std::regex rb(R"(skmem:\(r\d+,rb(\d+),)");
+  for (std::sregex_iterator it(out.begin(), out.end(), rb), end; it != end; ++it) {
+    buffers.push_back(std::stoull((*it)[1]));
+  }
+  return buffers;
+}
+
+// The receive budget bounds the windows of streams nobody paces
+// (architecture.md, "The receive budget"); a stream paced by its sender is
+// left to TCP: a worker told its link rate says so in its Hello, and the
+// reducer leaves that contribution stream's buffer alone; a reducer told its
+// rate paces its results, and the worker leaves its result stream's buffer
+// alone. A bounded buffer is fixed at the bound (on loopback, room for its
+// segments); an unbounded one is the kernel's own, autotuned.
+TEST(Pacing, PacedStreamsAreLeftOutOfTheReceiveBudget) {
+  if (auto paced = paced_congestion_control(""); !paced) {
+    GTEST_SKIP() << "no congestion control to pace with here: " << paced.status().to_string();
+  }
+  constexpr uint32_t kWorld = 2;
+  uint64_t bounded = 0;  // what the unpaced pool's buffers are fixed at
+  for (const bool paced : {false, true}) {
+    SCOPED_TRACE(paced ? "paced" : "not paced");
+    PoolSpec spec;
+    if (paced) spec.reducer_args.insert(spec.reducer_args.end(), {"--link-rate", "10gbit"});
+    TestCluster cluster(spec);
+    ASSERT_TRUE(cluster.ok()) << cluster.error();
+    auto clients =
+        connect_all(cluster, unique_job("budget"), kWorld, [paced](ClientOptions& o, uint32_t) {
+          if (paced) o.link_rate_bits = 10000000000;
+        });
+    ASSERT_EQ(clients.size(), kWorld);
+    // Each stream's Welcome has been handled: both ends set their windows.
+    const std::string port = cluster.pool_string().substr(cluster.pool_string().rfind(':') + 1);
+    const std::vector<uint64_t> reducer_side = receive_buffers("sport = :" + port);
+    const std::vector<uint64_t> worker_side = receive_buffers("dport = :" + port);
+    ASSERT_EQ(reducer_side.size(), kWorld);
+    ASSERT_EQ(worker_side.size(), kWorld);
+    if (!paced) {
+      bounded = reducer_side[0];
+      for (uint64_t b : reducer_side) EXPECT_EQ(b, bounded);
+      for (uint64_t b : worker_side) EXPECT_EQ(b, bounded);
+    } else {
+      ASSERT_GT(bounded, 0u);
+      for (uint64_t b : reducer_side) EXPECT_NE(b, bounded) << "the reducer bounded a paced stream";
+      for (uint64_t b : worker_side) EXPECT_NE(b, bounded) << "a worker bounded paced results";
+    }
+    on_every_rank(kWorld, [&](uint32_t r) {
+      std::vector<float> data(256 * 1024);
+      bench::fill_pattern(data.data(), data.size(), r, 0);
+      Status s = clients[r]->allreduce(data.data(), data.size(), DType::kFloat32, RedOp::kSum);
+      EXPECT_TRUE(s.is_ok()) << s.to_string();
+      EXPECT_EQ(bench::count_wrong(data.data(), data.size(), kWorld, RedOp::kSum, 0), 0u);
+    });
+  }
+}
+
 }  // namespace
 }  // namespace tally::testing
