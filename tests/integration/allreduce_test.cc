@@ -400,22 +400,38 @@ std::vector<GroupCase> groups_over_fabric() {
 INSTANTIATE_TEST_SUITE_P(Fabric, GroupsTest, ::testing::ValuesIn(groups_over_fabric()),
                          group_case_name);
 
-// The maximum pacing rates, in bytes per second, of the established TCP
-// sockets that `ss` selects with `filter` (those that have one).
-std::vector<uint64_t> max_pacing_rates(const std::string& filter) {
-  std::vector<uint64_t> rates;
-  const std::string command = "ss -tinH state established '( " + filter + " )' 2>/dev/null";
+// The first group of `pattern` in each established TCP socket that `ss
+// <options>` shows for `filter`, as numbers.
+std::vector<uint64_t> ss_numbers(const std::string& options, const std::string& filter,
+                                 const std::regex& pattern) {
+  std::vector<uint64_t> numbers;
+  const std::string command =
+      "ss " + options + " state established '( " + filter + " )' 2>/dev/null";
   FILE* ss = ::popen(command.c_str(), "r");
-  if (!ss) return rates;
+  if (!ss) return numbers;
   std::string out;
   char buf[4096];
   for (size_t n; (n = std::fread(buf, 1, sizeof buf, ss)) > 0;) out.append(buf, n);
   ::pclose(ss);
-  static const std::regex rate(R"(pacing_rate \d+bps/(\d+)bps)");
-  for (std::sregex_iterator it(out.begin(), out.end(), rate), end; it != end; ++it) {
-    rates.push_back(std::stoull((*it)[1]) / 8);
+  for (std::sregex_iterator it(out.begin(), out.end(), pattern), end; it != end; ++it) {
+    numbers.push_back(std::stoull((*it)[1]));
   }
+  return numbers;
+}
+
+// The maximum pacing rates, in bytes per second, of the sockets that
+// `filter` selects (those that have one).
+std::vector<uint64_t> max_pacing_rates(const std::string& filter) {
+  static const std::regex rate(R"(pacing_rate \d+bps/(\d+)bps)");
+  std::vector<uint64_t> rates = ss_numbers("-tinH", filter, rate);
+  for (uint64_t& r : rates) r /= 8;
   return rates;
+}
+
+// The receive buffers, in bytes, of the sockets that `filter` selects.
+std::vector<uint64_t> receive_buffers(const std::string& filter) {
+  static const std::regex rb(R"(skmem:\(r\d+,rb(\d+),)");
+  return ss_numbers("-tmH", filter, rb);
 }
 
 // With a link rate the reducer paces each of a job's worker streams to its
@@ -497,24 +513,6 @@ TEST(Pacing, WorkersCutChunksByTheSlowestReducerLink) {
       EXPECT_EQ(bench::count_wrong(data.data(), data.size(), kWorld, RedOp::kSum, 2), 0u);
     });
   }
-}
-
-// The receive buffers, in bytes, of the established TCP sockets that `ss`
-// selects with `filter`.
-std::vector<uint64_t> receive_buffers(const std::string& filter) {
-  std::vector<uint64_t> buffers;
-  const std::string command = "ss -tmH state established '( " + filter + " )' 2>/dev/null";
-  FILE* ss = ::popen(command.c_str(), "r");
-  if (!ss) return buffers;
-  std::string out;
-  char buf[4096];
-  for (size_t n; (n = std::fread(buf, 1, sizeof buf, ss)) > 0;) out.append(buf, n);
-  ::pclose(ss);
-  static const std::regex rb(R"(skmem:\(r\d+,rb(\d+),)");
-  for (std::sregex_iterator it(out.begin(), out.end(), rb), end; it != end; ++it) {
-    buffers.push_back(std::stoull((*it)[1]));
-  }
-  return buffers;
 }
 
 // The receive budget bounds the windows of streams nobody paces
