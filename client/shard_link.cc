@@ -335,16 +335,20 @@ void ShardLink::on_welcome(const wire::Welcome& w) {
   // Contributions go to the group's S reducers at once: each stream gets
   // its share of this worker's link, and no more than the reducer's share
   // of its own, which W workers send to at once.
-  if (settings_.options.link_rate_bits > 0) {
-    uint64_t rate = paced_share(settings_.options.link_rate_bits, settings_.shard_count);
-    if (w.rate_bytes() > 0) rate = std::min<uint64_t>(rate, w.rate_bytes());
-    conn_->pace(rate);
+  const uint64_t own_share =
+      settings_.options.link_rate_bits > 0
+          ? paced_share(settings_.options.link_rate_bits, settings_.shard_count)
+          : 0;
+  if (own_share > 0) {
+    conn_->pace(w.rate_bytes() > 0 ? std::min<uint64_t>(own_share, w.rate_bytes()) : own_share);
   }
   // Results come from the group's S reducers at once: unless the reducer
-  // paces them, this stream's share of the worker's receive budget, and no
-  // more than the reducer's share of its own, which W workers' results
-  // leave through at once.
-  if (w.rate_bytes() == 0) {
+  // paces them within this stream's share of the worker's own link, this
+  // stream's share of the worker's receive budget, and no more than the
+  // reducer's share of its own, which W workers' results leave through at
+  // once.
+  const bool results_paced = w.rate_bytes() > 0 && w.rate_bytes() <= own_share;
+  if (!results_paced) {
     uint64_t window = receive_share(settings_.options.receive_budget_bytes, settings_.shard_count);
     if (w.result_window_bytes() > 0) {
       window = window == 0 ? w.result_window_bytes() : std::min(window, w.result_window_bytes());

@@ -267,11 +267,12 @@ void WorkerSession::join(std::shared_ptr<const wire::Hello> hello, bool authenti
   }
   // The streams sending to this reducer: the job's workers on this shard,
   // and one from each other replica group. Each gets its share of the
-  // receive budget, unless its worker paces it, and offers the same for
-  // the results.
+  // receive budget, and offers the same for the results; unless its worker
+  // paces it and this reducer has a rate, so that the worker sends no faster
+  // than rate_bytes, its share of this reducer's link.
   const uint64_t share =
       receive_share(o.receive_budget_bytes, job_->local_size() + o.group_count - 1);
-  if (!h.paced()) conn_->bound_receive_window(share);
+  if (!(h.paced() && w->rate_bytes() > 0)) conn_->bound_receive_window(share);
   w->set_result_window_bytes(share);
   w->set_reducer_version(TALLY_VERSION);
   w->set_group(o.group);

@@ -516,11 +516,14 @@ TEST(Pacing, WorkersCutChunksByTheSlowestReducerLink) {
 }
 
 // The receive budget bounds the windows of streams nobody paces
-// (architecture.md, "The receive budget"); a stream paced by its sender is
-// left to TCP: a worker told its link rate says so in its Hello, and the
-// reducer leaves that contribution stream's buffer alone; a reducer told its
-// rate paces its results, and the worker leaves its result stream's buffer
-// alone. A bounded buffer is fixed at the bound (on loopback, room for its
+// (architecture.md, "The receive budget"); a stream paced by its sender to
+// its share of the receiver's link is left to TCP: a worker told its link
+// rate says so in its Hello, and a reducer told its own leaves that
+// contribution stream's buffer alone; a reducer told its rate paces its
+// results, and a worker told its own leaves its result stream's buffer
+// alone. Workers told a rate that the reducer was not are still bounded:
+// their shares are of their own links, which W of them can overrun at one
+// reducer. A bounded buffer is fixed at the bound (on loopback, room for its
 // segments); an unbounded one is the kernel's own, autotuned.
 TEST(Pacing, PacedStreamsAreLeftOutOfTheReceiveBudget) {
   if (auto paced = paced_congestion_control(""); !paced) {
@@ -528,15 +531,20 @@ TEST(Pacing, PacedStreamsAreLeftOutOfTheReceiveBudget) {
   }
   constexpr uint32_t kWorld = 2;
   uint64_t bounded = 0;  // what the unpaced pool's buffers are fixed at
-  for (const bool paced : {false, true}) {
-    SCOPED_TRACE(paced ? "paced" : "not paced");
+  struct Told {
+    bool reducer, workers;
+  };
+  for (const Told told : {Told{false, false}, Told{false, true}, Told{true, true}}) {
+    const bool paced = told.reducer && told.workers;
+    SCOPED_TRACE(std::string("reducer ") + (told.reducer ? "told" : "not told") + ", workers " +
+                 (told.workers ? "told" : "not told"));
     PoolSpec spec;
-    if (paced) spec.reducer_args.insert(spec.reducer_args.end(), {"--link-rate", "10gbit"});
+    if (told.reducer) spec.reducer_args.insert(spec.reducer_args.end(), {"--link-rate", "10gbit"});
     TestCluster cluster(spec);
     ASSERT_TRUE(cluster.ok()) << cluster.error();
     auto clients =
-        connect_all(cluster, unique_job("budget"), kWorld, [paced](ClientOptions& o, uint32_t) {
-          if (paced) o.link_rate_bits = 10000000000;
+        connect_all(cluster, unique_job("budget"), kWorld, [&told](ClientOptions& o, uint32_t) {
+          if (told.workers) o.link_rate_bits = 10000000000;
         });
     ASSERT_EQ(clients.size(), kWorld);
     // Each stream's Welcome has been handled: both ends set their windows.
@@ -545,12 +553,12 @@ TEST(Pacing, PacedStreamsAreLeftOutOfTheReceiveBudget) {
     const std::vector<uint64_t> worker_side = receive_buffers("dport = :" + port);
     ASSERT_EQ(reducer_side.size(), kWorld);
     ASSERT_EQ(worker_side.size(), kWorld);
+    if (!told.reducer && !told.workers) bounded = reducer_side[0];
+    ASSERT_GT(bounded, 0u);
     if (!paced) {
-      bounded = reducer_side[0];
       for (uint64_t b : reducer_side) EXPECT_EQ(b, bounded);
       for (uint64_t b : worker_side) EXPECT_EQ(b, bounded);
     } else {
-      ASSERT_GT(bounded, 0u);
       for (uint64_t b : reducer_side) EXPECT_NE(b, bounded) << "the reducer bounded a paced stream";
       for (uint64_t b : worker_side) EXPECT_NE(b, bounded) << "a worker bounded paced results";
     }
