@@ -8,17 +8,19 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "tally/bench/process.h"
+#include "tally/bench/table.h"
 
 namespace tally::bench {
 namespace {
 
-constexpr size_t kIoBytes = 1u << 20;
+constexpr uint64_t kIoBytes = 1u << 20;
 
 // Closes a descriptor when it goes.
 struct Fd {
@@ -41,25 +43,29 @@ void set_deadlines(int fd) {
   ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &ten, sizeof ten);
 }
 
-// Moves `bytes` through `fd` one way, then takes this thread's CPU seconds.
-void pump(int fd, uint64_t bytes, bool send, double* cpu, bool* ok) {
-  std::vector<char> buf(kIoBytes, 'x');
+// Moves `bytes` through `fd` one way, walking a buffer of `span` bytes;
+// the CPU seconds this thread spent on the moving.
+void pump(int fd, uint64_t span, uint64_t bytes, bool send, double* cpu, bool* ok) {
+  std::vector<char> buf(span, 'x');
+  const double before = rusage_cpu_seconds(RUSAGE_THREAD);  // the buffer's page faults left out
   uint64_t done = 0;
   while (done < bytes) {
-    const size_t want = static_cast<size_t>(std::min<uint64_t>(kIoBytes, bytes - done));
-    const ssize_t n =
-        send ? ::send(fd, buf.data(), want, MSG_NOSIGNAL) : ::recv(fd, buf.data(), want, 0);
+    const uint64_t at = done % span;
+    const size_t want = static_cast<size_t>(std::min({kIoBytes, bytes - done, span - at}));
+    const ssize_t n = send ? ::send(fd, buf.data() + at, want, MSG_NOSIGNAL)
+                           : ::recv(fd, buf.data() + at, want, 0);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) return;
     done += static_cast<uint64_t>(n);
   }
-  *cpu = rusage_cpu_seconds(RUSAGE_THREAD);
+  *cpu = rusage_cpu_seconds(RUSAGE_THREAD) - before;
   *ok = true;
 }
 
 }  // namespace
 
-Result<double> bare_stream_cpu_s_per_gb(uint64_t bytes) {
+Result<double> bare_stream_cpu_s_per_gb(uint64_t span, uint64_t bytes) {
+  span = std::max(span, kIoBytes);
   Fd listener(::socket(AF_INET, SOCK_STREAM, 0));
   if (listener.fd < 0) return errno_status("socket");
   sockaddr_in addr{};
@@ -82,8 +88,8 @@ Result<double> bare_stream_cpu_s_per_gb(uint64_t bytes) {
   double send_cpu = 0, receive_cpu = 0;
   bool sent = false, received = false;
   // Fresh threads, so that each one's CPU is the stream's alone.
-  std::thread out(pump, sender.fd, bytes, true, &send_cpu, &sent);
-  std::thread in(pump, receiver.fd, bytes, false, &receive_cpu, &received);
+  std::thread out(pump, sender.fd, span, bytes, true, &send_cpu, &sent);
+  std::thread in(pump, receiver.fd, span, bytes, false, &receive_cpu, &received);
   out.join();
   in.join();
   if (!sent || !received) {
@@ -91,6 +97,27 @@ Result<double> bare_stream_cpu_s_per_gb(uint64_t bytes) {
                                            " bytes did not cross loopback within the deadlines");
   }
   return (send_cpu + receive_cpu) / (static_cast<double>(bytes) / 1e9);
+}
+
+std::string CpuFloor::spread() const {
+  char text[128];
+  std::snprintf(text, sizeof text, "a %s tensor, median of %d: %.2f-%.2f",
+                human_bytes(span).c_str(), runs, low, high);
+  return text;
+}
+
+Result<CpuFloor> bare_stream_floor(uint64_t span, int runs) {
+  span = std::max(span, kIoBytes);
+  std::vector<double> figures;
+  for (int i = 0; i < std::max(runs, 1); ++i) {
+    auto figure = bare_stream_cpu_s_per_gb(span);
+    if (!figure) return figure.status();
+    figures.push_back(*figure);
+  }
+  std::sort(figures.begin(), figures.end());
+  const size_t n = figures.size();
+  const double median = n % 2 == 1 ? figures[n / 2] : (figures[n / 2 - 1] + figures[n / 2]) / 2;
+  return CpuFloor{median, figures.front(), figures.back(), static_cast<int>(n), span};
 }
 
 }  // namespace tally::bench

@@ -40,6 +40,9 @@
 namespace tally::bench {
 namespace {
 
+// The largest tensor the CPU lines' bare streams move (bench.cc, prepare).
+constexpr uint64_t kCpuFloorSpanMost = uint64_t{64} << 20;
+
 struct Phase {
   std::string transport;
   std::string job;
@@ -67,6 +70,8 @@ struct PhaseOptions {
   std::string secret_file;      // the local pool's job secret (TALLY_JOB_SECRET_FILE), if any
   std::string tcp_congestion;   // TALLY_TCP_CONGESTION for the workers, if set
   std::string link_rate;        // TALLY_LINK_RATE for the workers, if set
+  // The bare streams behind sweep.cpu_floor_s_per_gb (their median), if measured.
+  std::optional<CpuFloor> cpu_floor;
   std::chrono::steady_clock::time_point deadline;
 };
 
@@ -162,16 +167,16 @@ std::optional<double> local_reducer_cpu(LocalPool* local) {
   return total;
 }
 
-// The floor beside the reducers' CPU: a bare TCP stream's send plus receive
+// The reference beside the reducers' CPU: a bare TCP stream's send plus receive
 // per GB on this machine, and the reducers' as a multiple of it (each
 // reducer's bytes cross its stack twice, in and out, as a bare stream's
 // cross the sender's and the receiver's; rank 0 prints the workers').
-void print_cpu_floor(double floor_s_per_gb, double reducers_s_per_gb) {
-  if (floor_s_per_gb <= 0) return;
+void print_cpu_floor(const std::optional<CpuFloor>& floor, double reducers_s_per_gb) {
+  if (!floor || floor->median <= 0) return;
   std::printf(
-      "# cpu of a bare TCP stream here: %.2f s/GB (send plus receive, loopback); reducers %.2fx "
-      "of it\n",
-      floor_s_per_gb, reducers_s_per_gb / floor_s_per_gb);
+      "# cpu of a bare TCP stream here: %.2f s/GB (send plus receive, loopback, %s); reducers "
+      "%.2fx of it\n",
+      floor->median, floor->spread().c_str(), reducers_s_per_gb / floor->median);
 }
 
 int run_phase(const Phase& phase, const PhaseOptions& options) {
@@ -216,7 +221,7 @@ int run_phase(const Phase& phase, const PhaseOptions& options) {
         "# cpu transport=%s: reducers %.2f s = %.2f s/GB received, workers %.2f s = %.2f s/GB sent "
         "(%.2f GB)\n",
         phase.transport.c_str(), rc, rc / gb, worker_cpu, worker_cpu / gb, gb);
-    print_cpu_floor(options.sweep.cpu_floor_s_per_gb, rc / gb);
+    print_cpu_floor(options.cpu_floor, rc / gb);
     std::printf("#\n");
   } else {
     std::printf(
@@ -352,9 +357,12 @@ int Driver::set_up() {
     pool = local_->pool_string();
   }
   phase_options_ = phase_options_of(o_, pool, local_.get(), lab_.get(), secret_file_);
-  // The CPU lines' floor, measured once before the sweeps.
-  if (auto floor = bare_stream_cpu_s_per_gb()) {
-    phase_options_.sweep.cpu_floor_s_per_gb = *floor;
+  // The CPU lines' reference, measured before the sweeps over a tensor of
+  // the largest size swept; past the last-level cache every size costs the
+  // same per byte, so no larger than kCpuFloorSpanMost.
+  if (auto floor = bare_stream_floor(std::min<uint64_t>(o_.sweep.max_bytes, kCpuFloorSpanMost))) {
+    phase_options_.cpu_floor = *floor;
+    phase_options_.sweep.cpu_floor_s_per_gb = floor->median;
   } else {
     spdlog::warn("the CPU lines go without a bare TCP stream beside them: {}",
                  floor.status().to_string());

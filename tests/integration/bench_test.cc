@@ -56,7 +56,8 @@ TEST(Bench, SweepPrintsTheTableWithNoWrongResults) {
       << out;
   EXPECT_TRUE(std::regex_search(
       out, std::regex("# cpu of a bare TCP stream here: [0-9.]+ s/GB \\(send plus receive, "
-                      "loopback\\); reducers [0-9.]+x of it")))
+                      "loopback, a [0-9]+[KM]iB tensor, median of 5: [0-9.]+-[0-9.]+\\); reducers "
+                      "[0-9.]+x of it")))
       << out;
   // The per-reducer bytes only with --bytes.
   EXPECT_FALSE(contains(out, "Payload bytes per op")) << out;
