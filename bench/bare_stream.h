@@ -19,8 +19,8 @@ Result<double> bare_stream_cpu_s_per_gb(uint64_t span, uint64_t bytes = uint64_t
 // The reference as the bench takes it: the median of `runs` bare streams
 // over a `span`-byte tensor (the sweep's largest op), and their spread.
 //
-// Why the span: the kernel's copies cost twice as much from and into
-// memory as within the cache (0.7 against 0.3-0.4 s/GB here), and the ops
+// Why the span: the kernel's copies cost more from and into memory than
+// within the cache (0.4-0.55 against 0.25-0.4 s/GB on the lab's hosts), and the ops
 // that carry a sweep's bytes are tensors of its largest size. Why the
 // median: one stream's figure moves by a third between runs on a shared
 // host (where the scheduler puts the two threads, what else runs).
@@ -28,7 +28,7 @@ struct CpuFloor {
   double median = 0, low = 0, high = 0;
   int runs = 0;
   uint64_t span = 0;
-  // "a 64 MiB tensor, median of 5: 0.63-0.71", as the CPU lines print it.
+  // "a 64MiB tensor, median of 5: 0.43-0.78", as the CPU lines print it.
   std::string spread() const;
 };
 Result<CpuFloor> bare_stream_floor(uint64_t span, int runs = 5);

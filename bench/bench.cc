@@ -40,7 +40,7 @@
 namespace tally::bench {
 namespace {
 
-// The largest tensor the CPU lines' bare streams move (bench.cc, prepare).
+// The largest tensor the CPU lines' bare streams move (Driver::set_up).
 constexpr uint64_t kCpuFloorSpanMost = uint64_t{64} << 20;
 
 struct Phase {
