@@ -127,6 +127,14 @@ void FabricConnection::close(const Status& reason) {
   });
 }
 
+void FabricConnection::pace(uint64_t bytes_per_second) {
+  if (mode_ == Mode::kTcp && control_) control_->pace(bytes_per_second);
+}
+
+void FabricConnection::bound_receive_window(uint64_t bytes) {
+  if (mode_ == Mode::kTcp && control_) control_->bound_receive_window(bytes);
+}
+
 Status FabricConnection::describe_data_path(wire::DataPath* out) {
   if (!control_) return Status(ErrorCode::kCancelled, "connection abandoned at shutdown");
   if (mode_ == Mode::kTcp) return control_->describe_data_path(out);

@@ -60,9 +60,12 @@ class FabricConnection final : public Connection,
 
   bool is_open() const override { return !closed_; }
   const std::string& peer() const override { return peer_; }
-  // libfabric's provider owns the sockets data moves on: not paced.
-  void pace(uint64_t) override {}
-  void bound_receive_window(uint64_t) override {}
+  // A peer whose data path is tcp (attach_data_path) moves its data on the
+  // control stream, which is paced and bounded as any tcp stream. On the
+  // fabric path libfabric's provider owns the sockets data moves on: not
+  // paced, not bounded.
+  void pace(uint64_t bytes_per_second) override;
+  void bound_receive_window(uint64_t bytes) override;
 
   Status describe_data_path(wire::DataPath* out) override;
 

@@ -572,5 +572,46 @@ TEST(Pacing, PacedStreamsAreLeftOutOfTheReceiveBudget) {
   }
 }
 
+// A pool started with --transport fabric serves tcp workers too, whose data
+// then moves on the tcp stream itself: the reducer paces and bounds it as a
+// tcp pool does. Told a rate, the reducers pace each of the two worker
+// streams to its share (950 kB/s of 16 Mbit/s); the workers, not told one,
+// are bounded at both ends, and every buffer is what a tcp pool's is.
+TEST(Pacing, AFabricPoolPacesAndBoundsItsTcpWorkersStreams) {
+  TALLY_SKIP_UNLESS_TRANSPORT("fabric");
+  if (auto paced = paced_congestion_control(""); !paced) {
+    GTEST_SKIP() << "no congestion control to pace with here: " << paced.status().to_string();
+  }
+  constexpr uint32_t kWorld = 2;
+  std::map<std::string, std::vector<uint64_t>> reducer_side, worker_side;
+  for (const std::string transport : {"tcp", "fabric"}) {
+    SCOPED_TRACE("a pool of --transport " + transport);
+    PoolSpec spec;
+    spec.transport = transport;
+    spec.reducer_args.insert(spec.reducer_args.end(), {"--link-rate", "16mbit"});
+    TestCluster cluster(spec);
+    ASSERT_TRUE(cluster.ok()) << cluster.error();
+    auto clients = connect_all(cluster, unique_job("mixed"), kWorld,
+                               [](ClientOptions& o, uint32_t) { o.transport = "tcp"; });
+    ASSERT_EQ(clients.size(), kWorld);
+    on_every_rank(kWorld, [&](uint32_t r) {
+      std::vector<float> data(16 * 1024);
+      bench::fill_pattern(data.data(), data.size(), r, 0);
+      Status s = clients[r]->allreduce(data.data(), data.size(), DType::kFloat32, RedOp::kSum);
+      EXPECT_TRUE(s.is_ok()) << s.to_string();
+      EXPECT_EQ(bench::count_wrong(data.data(), data.size(), kWorld, RedOp::kSum, 0), 0u);
+    });
+    const std::string port = cluster.pool_string().substr(cluster.pool_string().rfind(':') + 1);
+    EXPECT_EQ(max_pacing_rates("sport = :" + port), (std::vector<uint64_t>{950000, 950000}));
+    reducer_side[transport] = receive_buffers("sport = :" + port);
+    worker_side[transport] = receive_buffers("dport = :" + port);
+    ASSERT_EQ(reducer_side[transport].size(), kWorld);
+    ASSERT_EQ(worker_side[transport].size(), kWorld);
+  }
+  EXPECT_EQ(reducer_side["fabric"], reducer_side["tcp"])
+      << "the fabric pool left a tcp stream unbounded";
+  EXPECT_EQ(worker_side["fabric"], worker_side["tcp"]);
+}
+
 }  // namespace
 }  // namespace tally::testing
