@@ -196,15 +196,20 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
     }
   }
 
-  // A fixed receive buffer bounds the window the socket advertises: the
-  // kernel doubles SO_RCVBUF (half for its own bookkeeping) and stops
-  // autotuning the buffer once it is set. TCP_WINDOW_CLAMP alone does not
-  // hold: autotuning and the kernel's recomputation of the clamp from the
-  // buffer raise it again. Set before the peer sends data, so the window
-  // never opened wider. Never below kMinWindowSegments of the stream's
-  // segment size: loopback's 64 KiB segments (and jumbo frames) need room
-  // for several in flight, and loopback has no port queue to protect.
-  // Best effort, as pace.
+  // The window the socket advertises is bounded by TCP_WINDOW_CLAMP over a
+  // receive buffer left to autotuning, so the receiver never runs short of
+  // memory for what the window lets in. Autotuning raises the clamp with the
+  // buffer as it grows, so the clamp is set again after every read
+  // (reclamp); once the buffer covers the bounded window it stops growing.
+  // A fixed SO_RCVBUF would bound the window too, but current kernels size
+  // the window from the buffer and the payload-to-truesize ratio of one
+  // recent segment, so segments of a worse ratio are dropped for want of
+  // memory, and streams so bounded stalled both ways until their peer
+  // timeout (architecture.md, "How a window is bounded"). Set before the peer sends
+  // data, so the window never opened wider. Never below kMinWindowSegments
+  // of the stream's segment size: loopback's 64 KiB segments (and jumbo
+  // frames) need room for several in flight, and loopback has no port queue
+  // to protect. Best effort, as pace.
   void bound_receive_window(uint64_t bytes) override {
     if (bytes == 0) return;
     int segment = 0;
@@ -213,10 +218,11 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
         segment > 0) {
       bytes = std::max<uint64_t>(bytes, kMinWindowSegments * static_cast<uint64_t>(segment));
     }
-    const int half = static_cast<int>(std::min<uint64_t>(bytes / 2, INT32_MAX));
-    if (::setsockopt(socket_.native_handle(), SOL_SOCKET, SO_RCVBUF, &half, sizeof half) != 0) {
+    window_clamp_ = static_cast<int>(std::min<uint64_t>(bytes, INT32_MAX));
+    if (!reclamp()) {
       spdlog::warn("stream from {} is not bounded to a {} byte window: {}", peer_, bytes,
                    std::strerror(errno));
+      window_clamp_ = 0;
     }
   }
 
@@ -315,7 +321,7 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
   void on_header_read(const boost::system::error_code& ec) {
     if (closed_) return;
     if (ec) return fail(from_asio(ec, "reading from", peer_));
-    last_rx_ = Clock::now();
+    on_bytes_read();
     heard_ = true;
     auto decoded =
         decode_header(std::span<const std::byte, kFrameHeaderBytes>(header_bytes_), limits_);
@@ -347,7 +353,7 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
   void on_control_read(const boost::system::error_code& ec) {
     if (closed_) return;
     if (ec) return fail(from_asio(ec, "reading from", peer_));
-    last_rx_ = Clock::now();
+    on_bytes_read();
     auto message = parse_control(std::as_bytes(std::span(control_bytes_)));
     if (!message) return fail(message.status().with_context("control frame from " + peer_));
     if (!message->has_heartbeat()) {
@@ -412,9 +418,24 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
         buf, [self = shared_from_this(), done](const boost::system::error_code& ec, size_t n) {
           if (self->closed_) return;
           if (ec) return self->fail(from_asio(ec, "reading from", self->peer_));
-          self->last_rx_ = Clock::now();
+          self->on_bytes_read();
           self->read_payload(done + n);
         });
+  }
+
+  // After every read: the peer is alive, and the window's clamp is set
+  // again, which autotuning may have raised on that read.
+  void on_bytes_read() {
+    last_rx_ = Clock::now();
+    reclamp();
+  }
+
+  // bound_receive_window's clamp, set again. False where the kernel refused
+  // it.
+  bool reclamp() {
+    if (window_clamp_ == 0) return true;
+    return ::setsockopt(socket_.native_handle(), IPPROTO_TCP, TCP_WINDOW_CLAMP, &window_clamp_,
+                        sizeof window_clamp_) == 0;
   }
 
   void on_payload_complete() {
@@ -517,6 +538,7 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
   size_t queued_control_bytes_ = 0;     // what the control frames in queue_ are charged
   asio::steady_timer drain_timer_;
   bool paused_ = false;
+  int window_clamp_ = 0;  // bound_receive_window's; 0: not bounded
 
   // Read side: the frame being received.
   std::array<std::byte, kFrameHeaderBytes> header_bytes_{};

@@ -1,10 +1,20 @@
 // All-reduce through real reducer processes and real worker processes,
 // parametrised over workers x shards x sizes x dtypes. Every worker checks
 // the closed-form sum of tally/bench/pattern.h exactly.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <map>
 #include <regex>
 #include <sstream>
@@ -428,10 +438,75 @@ std::vector<uint64_t> max_pacing_rates(const std::string& filter) {
   return rates;
 }
 
-// The receive buffers, in bytes, of the sockets that `filter` selects.
-std::vector<uint64_t> receive_buffers(const std::string& filter) {
-  static const std::regex rb(R"(skmem:\(r\d+,rb(\d+),)");
-  return ss_numbers("-tmH", filter, rb);
+// The port a one-reducer pool listens on.
+uint16_t cluster_port(TestCluster& cluster) {
+  const std::string pool = cluster.pool_string();
+  return static_cast<uint16_t>(std::stoi(pool.substr(pool.rfind(':') + 1)));
+}
+
+// The window clamp (TCP_WINDOW_CLAMP) of each established TCP stream that
+// process `pid` holds whose peer's port (or, with `local`, its own) is
+// `port`, in ascending order: a bounded stream's is its bound
+// (Connection::bound_receive_window); an unbounded one's follows the
+// kernel's autotuning. The sockets are duplicated from the process
+// (pidfd_getfd; Debian 12's header for it lacks C linkage, so the system
+// calls), as a debugger would; the test's own process works too.
+std::vector<uint64_t> window_clamps(pid_t pid, uint16_t port, bool local) {
+  std::vector<uint64_t> clamps;
+  const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+  EXPECT_GE(pidfd, 0) << "pidfd_open(" << pid << "): " << std::strerror(errno);
+  if (pidfd < 0) return clamps;
+  for (const auto& entry :
+       std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/fd")) {
+    std::error_code ec;
+    const auto target = std::filesystem::read_symlink(entry.path(), ec);
+    if (ec || !target.string().starts_with("socket:")) continue;
+    const int fd = static_cast<int>(
+        ::syscall(SYS_pidfd_getfd, pidfd, std::stoi(entry.path().filename().string()), 0));
+    if (fd < 0) continue;  // closed since the listing
+    sockaddr_storage address{};
+    socklen_t length = sizeof address;
+    tcp_info info{};
+    socklen_t info_length = sizeof info;
+    int clamp = 0;
+    socklen_t clamp_length = sizeof clamp;
+    const bool stream =
+        (local ? ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length)
+               : ::getpeername(fd, reinterpret_cast<sockaddr*>(&address), &length)) == 0 &&
+        (address.ss_family == AF_INET || address.ss_family == AF_INET6) &&
+        ::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &info_length) == 0 &&
+        info.tcpi_state == TCP_ESTABLISHED &&
+        ::getsockopt(fd, IPPROTO_TCP, TCP_WINDOW_CLAMP, &clamp, &clamp_length) == 0;
+    const uint16_t port_seen =
+        ntohs(address.ss_family == AF_INET ? reinterpret_cast<sockaddr_in*>(&address)->sin_port
+                                           : reinterpret_cast<sockaddr_in6*>(&address)->sin6_port);
+    if (stream && port_seen == port) clamps.push_back(static_cast<uint64_t>(clamp));
+    ::close(fd);
+  }
+  ::close(pidfd);
+  std::sort(clamps.begin(), clamps.end());
+  return clamps;
+}
+
+// The window clamp the kernel gives a fresh loopback stream that nobody
+// bounds: what a stream left out of the receive budget starts with.
+uint64_t unbounded_window_clamp() {
+  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof address;
+  EXPECT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+  EXPECT_EQ(::listen(listener, 1), 0);
+  EXPECT_EQ(::getsockname(listener, reinterpret_cast<sockaddr*>(&address), &length), 0);
+  const int client = ::socket(AF_INET, SOCK_STREAM, 0);
+  EXPECT_EQ(::connect(client, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+  const int server = ::accept(listener, nullptr, nullptr);
+  int clamp = 0;
+  length = sizeof clamp;
+  EXPECT_EQ(::getsockopt(server, IPPROTO_TCP, TCP_WINDOW_CLAMP, &clamp, &length), 0);
+  for (int fd : {server, client, listener}) ::close(fd);
+  return static_cast<uint64_t>(clamp);
 }
 
 // With a link rate the reducer paces each of a job's worker streams to its
@@ -523,14 +598,14 @@ TEST(Pacing, WorkersCutChunksByTheSlowestReducerLink) {
 // results, and a worker told its own leaves its result stream's buffer
 // alone. Workers told a rate that the reducer was not are still bounded:
 // their shares are of their own links, which W of them can overrun at one
-// reducer. A bounded buffer is fixed at the bound (on loopback, room for its
-// segments); an unbounded one is the kernel's own, autotuned.
+// reducer. A bounded stream's window clamp is the bound (on loopback, room
+// for its segments); an unbounded one's is the kernel's own, autotuned.
 TEST(Pacing, PacedStreamsAreLeftOutOfTheReceiveBudget) {
   if (auto paced = paced_congestion_control(""); !paced) {
     GTEST_SKIP() << "no congestion control to pace with here: " << paced.status().to_string();
   }
   constexpr uint32_t kWorld = 2;
-  uint64_t bounded = 0;  // what the unpaced pool's buffers are fixed at
+  uint64_t bounded = 0;  // what the unpaced pool's windows are clamped at
   struct Told {
     bool reducer, workers;
   };
@@ -548,13 +623,15 @@ TEST(Pacing, PacedStreamsAreLeftOutOfTheReceiveBudget) {
         });
     ASSERT_EQ(clients.size(), kWorld);
     // Each stream's Welcome has been handled: both ends set their windows.
-    const std::string port = cluster.pool_string().substr(cluster.pool_string().rfind(':') + 1);
-    const std::vector<uint64_t> reducer_side = receive_buffers("sport = :" + port);
-    const std::vector<uint64_t> worker_side = receive_buffers("dport = :" + port);
+    const uint16_t port = cluster_port(cluster);
+    const std::vector<uint64_t> reducer_side =
+        window_clamps(cluster.reducer(0).pid(), port, /*local=*/true);
+    const std::vector<uint64_t> worker_side = window_clamps(::getpid(), port, /*local=*/false);
     ASSERT_EQ(reducer_side.size(), kWorld);
     ASSERT_EQ(worker_side.size(), kWorld);
     if (!told.reducer && !told.workers) bounded = reducer_side[0];
     ASSERT_GT(bounded, 0u);
+    ASSERT_NE(bounded, unbounded_window_clamp()) << "the unpaced pool bounded nothing";
     if (!paced) {
       for (uint64_t b : reducer_side) EXPECT_EQ(b, bounded);
       for (uint64_t b : worker_side) EXPECT_EQ(b, bounded);
@@ -576,7 +653,7 @@ TEST(Pacing, PacedStreamsAreLeftOutOfTheReceiveBudget) {
 // then moves on the tcp stream itself: the reducer paces and bounds it as a
 // tcp pool does. Told a rate, the reducers pace each of the two worker
 // streams to its share (950 kB/s of 16 Mbit/s); the workers, not told one,
-// are bounded at both ends, and every buffer is what a tcp pool's is.
+// are bounded at both ends, and every window is what a tcp pool's is.
 TEST(Pacing, AFabricPoolPacesAndBoundsItsTcpWorkersStreams) {
   TALLY_SKIP_UNLESS_TRANSPORT("fabric");
   if (auto paced = paced_congestion_control(""); !paced) {
@@ -603,11 +680,15 @@ TEST(Pacing, AFabricPoolPacesAndBoundsItsTcpWorkersStreams) {
     });
     const std::string port = cluster.pool_string().substr(cluster.pool_string().rfind(':') + 1);
     EXPECT_EQ(max_pacing_rates("sport = :" + port), (std::vector<uint64_t>{950000, 950000}));
-    reducer_side[transport] = receive_buffers("sport = :" + port);
-    worker_side[transport] = receive_buffers("dport = :" + port);
+    reducer_side[transport] =
+        window_clamps(cluster.reducer(0).pid(), cluster_port(cluster), /*local=*/true);
+    worker_side[transport] = window_clamps(::getpid(), cluster_port(cluster), /*local=*/false);
     ASSERT_EQ(reducer_side[transport].size(), kWorld);
     ASSERT_EQ(worker_side[transport].size(), kWorld);
   }
+  const uint64_t unbounded = unbounded_window_clamp();
+  for (uint64_t clamp : reducer_side["tcp"]) EXPECT_NE(clamp, unbounded);
+  for (uint64_t clamp : worker_side["tcp"]) EXPECT_NE(clamp, unbounded);
   EXPECT_EQ(reducer_side["fabric"], reducer_side["tcp"])
       << "the fabric pool left a tcp stream unbounded";
   EXPECT_EQ(worker_side["fabric"], worker_side["tcp"]);

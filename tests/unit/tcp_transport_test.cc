@@ -3,14 +3,16 @@
 // come in; a posted receive is written only with a whole payload; control frames queued for a peer
 // that does not read are capped per stream and across the streams that share a budget; a paced
 // stream's socket carries its pacing rate, and the share and congestion control streams are paced
-// with; a bounded stream's receive buffer stays at its bound through a transfer, and streams
+// with; a bounded stream's window stays at its bound through a transfer, and streams
 // converging on one receiver share its budget.
 #include "tally/protocol/tcp_transport.h"
 
 #include <gtest/gtest.h>
+#include <linux/sock_diag.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
 
+#include <array>
 #include <boost/asio/connect.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
@@ -320,19 +322,20 @@ TEST(TcpTransport, PaceSetsTheSocketsMaximumPacingRate) {
   conn->close(Status(ErrorCode::kCancelled, "done"));
 }
 
-int receive_buffer(int fd) {
+int window_clamp(int fd) {
   int bytes = 0;
   socklen_t len = sizeof bytes;
-  EXPECT_EQ(::getsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, &len), 0);
+  EXPECT_EQ(::getsockopt(fd, IPPROTO_TCP, TCP_WINDOW_CLAMP, &bytes, &len), 0);
   return bytes;
 }
 
-// The bound is a fixed receive buffer (the kernel doubles what is set and
-// stops autotuning it): after 24 MiB through, the buffer and the window the
-// receiver may advertise (rcv_ssthresh) are still within the bound, where an
-// unbounded socket starts at 128 KiB and grows. Ethernet-sized segments, as
-// on a real link.
-TEST(TcpTransport, BoundReceiveWindowFixesTheReceiveBufferThroughATransfer) {
+// The bound is the window clamp, set again after every read: after 24 MiB
+// through, the clamp and the window the receiver may advertise
+// (rcv_ssthresh) are still the bound, though the receive buffer has grown
+// by autotuning past what it started at (so the receiver had the memory
+// for what the window let in, and dropped nothing for want of it).
+// Ethernet-sized segments, as on a real link.
+TEST(TcpTransport, BoundReceiveWindowHoldsTheWindowThroughATransfer) {
   LoopbackPair pair(1448);
   const int fd = pair.server.native_handle();
   ConnectionOptions options;
@@ -340,7 +343,11 @@ TEST(TcpTransport, BoundReceiveWindowFixesTheReceiveBufferThroughATransfer) {
   auto receiver = make_tcp_connection(std::move(pair.server), options);
   auto sender = make_tcp_connection(std::move(pair.client), options);
   constexpr uint64_t kBound = 96 * 1024;
+  int initial_buffer = 0;
+  socklen_t len = sizeof initial_buffer;
+  ASSERT_EQ(::getsockopt(fd, SOL_SOCKET, SO_RCVBUF, &initial_buffer, &len), 0);
   receiver->bound_receive_window(kBound);
+  EXPECT_EQ(static_cast<uint64_t>(window_clamp(fd)), kBound);
   auto collector = std::make_shared<Collector>();
   receiver->start(collector);
   sender->start(std::make_shared<Collector>());
@@ -354,11 +361,19 @@ TEST(TcpTransport, BoundReceiveWindowFixesTheReceiveBufferThroughATransfer) {
       << collector->received.size() << " of " << kFrames << " frames arrived";
   EXPECT_TRUE(collector->received.back() == payload);
 
-  EXPECT_EQ(static_cast<uint64_t>(receive_buffer(fd)), kBound);
+  EXPECT_EQ(static_cast<uint64_t>(window_clamp(fd)), kBound);
   tcp_info info{};
-  socklen_t len = sizeof info;
+  len = sizeof info;
   ASSERT_EQ(::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len), 0);
   EXPECT_LE(info.tcpi_rcv_ssthresh, kBound);
+  int buffer = 0;
+  len = sizeof buffer;
+  ASSERT_EQ(::getsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buffer, &len), 0);
+  EXPECT_GT(buffer, initial_buffer) << "the receive buffer was not left to autotuning";
+  std::array<uint32_t, SK_MEMINFO_VARS> meminfo{};
+  len = sizeof meminfo;
+  ASSERT_EQ(::getsockopt(fd, SOL_SOCKET, SO_MEMINFO, meminfo.data(), &len), 0);
+  EXPECT_EQ(meminfo[SK_MEMINFO_DROPS], 0u) << "segments dropped for want of receive memory";
   receiver->close(Status(ErrorCode::kCancelled, "test over"));
   sender->close(Status(ErrorCode::kCancelled, "test over"));
 }
@@ -374,8 +389,8 @@ TEST(TcpTransport, BoundReceiveWindowKeepsRoomForItsSegments) {
   ASSERT_GT(segment, 16 * 1024) << "loopback's segments are expected to be large";
   auto receiver = make_tcp_connection(std::move(pair.server), ConnectionOptions{});
   receiver->bound_receive_window(96 * 1024);
-  EXPECT_EQ(static_cast<uint64_t>(receive_buffer(fd)),
-            kMinWindowSegments * static_cast<uint64_t>(segment) / 2 * 2);
+  EXPECT_EQ(static_cast<uint64_t>(window_clamp(fd)),
+            kMinWindowSegments * static_cast<uint64_t>(segment));
   receiver->close(Status(ErrorCode::kCancelled, "test over"));
 }
 
