@@ -8,11 +8,9 @@
 #include "tally/protocol/tcp_transport.h"
 
 #include <gtest/gtest.h>
-#include <linux/sock_diag.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
 
-#include <array>
 #include <boost/asio/connect.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
@@ -332,9 +330,12 @@ int window_clamp(int fd) {
 // The bound is the window clamp, set again after every read: after 24 MiB
 // through, the clamp and the window the receiver may advertise
 // (rcv_ssthresh) are still the bound, though the receive buffer has grown
-// by autotuning past what it started at (so the receiver had the memory
-// for what the window let in, and dropped nothing for want of it).
-// Ethernet-sized segments, as on a real link.
+// by autotuning past what it started at. Ethernet-sized segments, as on a
+// real link. That the receivers then drop nothing for want of memory
+// (TCPRcvQDrop, a counter of the whole network namespace) is measured in
+// the bench (benchmarking.md, "Receive budget"); the socket's own drop
+// counter also counts duplicates of a spurious retransmission, which a
+// slow receiver (a sanitizer build) draws.
 TEST(TcpTransport, BoundReceiveWindowHoldsTheWindowThroughATransfer) {
   LoopbackPair pair(1448);
   const int fd = pair.server.native_handle();
@@ -370,10 +371,6 @@ TEST(TcpTransport, BoundReceiveWindowHoldsTheWindowThroughATransfer) {
   len = sizeof buffer;
   ASSERT_EQ(::getsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buffer, &len), 0);
   EXPECT_GT(buffer, initial_buffer) << "the receive buffer was not left to autotuning";
-  std::array<uint32_t, SK_MEMINFO_VARS> meminfo{};
-  len = sizeof meminfo;
-  ASSERT_EQ(::getsockopt(fd, SOL_SOCKET, SO_MEMINFO, meminfo.data(), &len), 0);
-  EXPECT_EQ(meminfo[SK_MEMINFO_DROPS], 0u) << "segments dropped for want of receive memory";
   receiver->close(Status(ErrorCode::kCancelled, "test over"));
   sender->close(Status(ErrorCode::kCancelled, "test over"));
 }
