@@ -205,11 +205,11 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
   // the window from the buffer and the payload-to-truesize ratio of one
   // recent segment, so segments of a worse ratio are dropped for want of
   // memory, and streams so bounded stalled both ways until their peer
-  // timeout (architecture.md, "How a window is bounded"). Set before the peer sends
-  // data, so the window never opened wider. Never below kMinWindowSegments
-  // of the stream's segment size: loopback's 64 KiB segments (and jumbo
-  // frames) need room for several in flight, and loopback has no port queue
-  // to protect. Best effort, as pace.
+  // timeout (architecture.md, "How a window is bounded"). Set before the
+  // peer sends data, so the window never opened wider. Never below
+  // kMinWindowSegments of the stream's segment size: loopback's 64 KiB
+  // segments (and jumbo frames) need room for several in flight, and
+  // loopback has no port queue to protect. Best effort, as pace.
   void bound_receive_window(uint64_t bytes) override {
     if (bytes == 0) return;
     int segment = 0;

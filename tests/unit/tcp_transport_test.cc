@@ -320,12 +320,16 @@ TEST(TcpTransport, PaceSetsTheSocketsMaximumPacingRate) {
   conn->close(Status(ErrorCode::kCancelled, "done"));
 }
 
-int window_clamp(int fd) {
-  int bytes = 0;
-  socklen_t len = sizeof bytes;
-  EXPECT_EQ(::getsockopt(fd, IPPROTO_TCP, TCP_WINDOW_CLAMP, &bytes, &len), 0);
-  return bytes;
+// An int socket option of `fd`.
+int socket_option(int fd, int level, int name) {
+  int value = 0;
+  socklen_t len = sizeof value;
+  EXPECT_EQ(::getsockopt(fd, level, name, &value, &len), 0);
+  return value;
 }
+
+int window_clamp(int fd) { return socket_option(fd, IPPROTO_TCP, TCP_WINDOW_CLAMP); }
+int receive_buffer(int fd) { return socket_option(fd, SOL_SOCKET, SO_RCVBUF); }
 
 // The bound is the window clamp, set again after every read: after 24 MiB
 // through, the clamp and the window the receiver may advertise
@@ -344,9 +348,7 @@ TEST(TcpTransport, BoundReceiveWindowHoldsTheWindowThroughATransfer) {
   auto receiver = make_tcp_connection(std::move(pair.server), options);
   auto sender = make_tcp_connection(std::move(pair.client), options);
   constexpr uint64_t kBound = 96 * 1024;
-  int initial_buffer = 0;
-  socklen_t len = sizeof initial_buffer;
-  ASSERT_EQ(::getsockopt(fd, SOL_SOCKET, SO_RCVBUF, &initial_buffer, &len), 0);
+  const int initial_buffer = receive_buffer(fd);
   receiver->bound_receive_window(kBound);
   EXPECT_EQ(static_cast<uint64_t>(window_clamp(fd)), kBound);
   auto collector = std::make_shared<Collector>();
@@ -364,13 +366,10 @@ TEST(TcpTransport, BoundReceiveWindowHoldsTheWindowThroughATransfer) {
 
   EXPECT_EQ(static_cast<uint64_t>(window_clamp(fd)), kBound);
   tcp_info info{};
-  len = sizeof info;
+  socklen_t len = sizeof info;
   ASSERT_EQ(::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len), 0);
   EXPECT_LE(info.tcpi_rcv_ssthresh, kBound);
-  int buffer = 0;
-  len = sizeof buffer;
-  ASSERT_EQ(::getsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buffer, &len), 0);
-  EXPECT_GT(buffer, initial_buffer) << "the receive buffer was not left to autotuning";
+  EXPECT_GT(receive_buffer(fd), initial_buffer) << "the receive buffer was not left to autotuning";
   receiver->close(Status(ErrorCode::kCancelled, "test over"));
   sender->close(Status(ErrorCode::kCancelled, "test over"));
 }
@@ -380,9 +379,7 @@ TEST(TcpTransport, BoundReceiveWindowHoldsTheWindowThroughATransfer) {
 TEST(TcpTransport, BoundReceiveWindowKeepsRoomForItsSegments) {
   LoopbackPair pair;
   const int fd = pair.server.native_handle();
-  int segment = 0;
-  socklen_t len = sizeof segment;
-  ASSERT_EQ(::getsockopt(fd, IPPROTO_TCP, TCP_MAXSEG, &segment, &len), 0);
+  const int segment = socket_option(fd, IPPROTO_TCP, TCP_MAXSEG);
   ASSERT_GT(segment, 16 * 1024) << "loopback's segments are expected to be large";
   auto receiver = make_tcp_connection(std::move(pair.server), ConnectionOptions{});
   receiver->bound_receive_window(96 * 1024);
