@@ -248,7 +248,7 @@ void Client::Impl::maybe_finish(std::shared_ptr<Op> op) {
   note_received();
 }
 
-void Client::Impl::on_op_error(uint64_t op_id, const Status& reported) {
+void Client::Impl::on_op_error(ShardLink& link, uint64_t op_id, const Status& reported) {
   Status status = reported;
   // A reducer's op timeout may name a rank or a replica that waits, as this
   // worker or another replica does, for a lost reducer, which that reducer
@@ -269,6 +269,9 @@ void Client::Impl::on_op_error(uint64_t op_id, const Status& reported) {
     }
   }
   if (auto it = ops.find(op_id); it != ops.end()) return fail_op(it->second, status);
+  // Finished here, and replayed for the other ranks: its failure answers
+  // the replays, which would otherwise hold their window slots.
+  if (auto it = kept.find(op_id); it != kept.end()) answer_replays(link, it->second);
   if (op_id < started_below) return;  // already finished here
   if (early_errors.size() >= kEarlyErrorsKept) early_errors.erase(early_errors.begin());
   early_errors.emplace(op_id, status);

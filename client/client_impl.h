@@ -177,7 +177,7 @@ struct Client::Impl final : LinkOwner {
   void on_result(ShardLink& link, const FrameHeader& h) override;
   // The answer to a replay frees its window slot (resume.cc).
   bool on_unposted_result(ShardLink& link, const FrameHeader& h) override;
-  void on_op_error(uint64_t op_id, const Status& status) override;
+  void on_op_error(ShardLink& link, uint64_t op_id, const Status& status) override;
   // The stream to `shard` is gone for good: every op in flight fails.
   void on_link_closed(uint32_t shard, const Status& status) override;
   // The stream to `shard` was lost and is being reopened: nothing in flight
@@ -190,6 +190,15 @@ struct Client::Impl final : LinkOwner {
   // `op_below` on goes again, as a contribution or, where this worker has
   // the result, as a replay.
   void resend(uint32_t shard, uint64_t op_below);
+  // A replay of `op`'s chunk `chunk` was answered on `link` (its result,
+  // or its op's failure): its window slot is free.
+  void answer_replay(ShardLink& link, Op& op, uint32_t chunk);
+  // After answers to `op`'s replays: the window sends on, kept results
+  // may go, a released op may end.
+  void replays_answered(ShardLink& link, const std::shared_ptr<Op>& op);
+  // `op` failed on `link`'s reducer: its replays there still unanswered
+  // are answered, and those not sent yet will not be.
+  void answer_replays(ShardLink& link, const std::shared_ptr<Op>& op);
   void on_released(uint32_t shard, uint64_t op_below) override;
   // Tells the reducers how far this worker has every result (Received).
   void note_received();

@@ -158,20 +158,41 @@ bool Client::Impl::on_unposted_result(ShardLink& link, const FrameHeader& h) {
   if (auto it = kept.find(h.op); it != kept.end()) op = it->second;
   if (op && h.chunk < op->replaying.size() && op->replaying[h.chunk]) {
     // The answer to a replay: this worker has the bytes already.
-    const uint64_t bytes = result_span(*op, op->plan->chunk(h.chunk)).size();
-    op->replaying[h.chunk] = 0;
-    op->unanswered[shard]--;
-    op->unanswered_bytes[shard] -= bytes;
-    link.window().answered(1, bytes);
-    pump(link);
-    trim_kept();
-    if (op->holding) maybe_finish(op);  // a released op waits for these answers
+    answer_replay(link, *op, h.chunk);
+    replays_answered(link, op);
     return true;
   }
   if (h.op >= started_below) return false;
   // A late result of an op that failed (its receives were cancelled).
   auto it = ops.find(h.op);
   return it == ops.end() || it->second->failed;
+}
+
+void Client::Impl::answer_replay(ShardLink& link, Op& op, uint32_t chunk) {
+  const uint32_t shard = link.shard();
+  const uint64_t bytes = result_span(op, op.plan->chunk(chunk)).size();
+  op.replaying[chunk] = 0;
+  op.unanswered[shard]--;
+  op.unanswered_bytes[shard] -= bytes;
+  link.window().answered(1, bytes);
+}
+
+void Client::Impl::replays_answered(ShardLink& link, const std::shared_ptr<Op>& op) {
+  pump(link);
+  trim_kept();
+  if (op->holding) maybe_finish(op);  // a released op waits for these answers
+}
+
+void Client::Impl::answer_replays(ShardLink& link, const std::shared_ptr<Op>& op) {
+  if (!op->plan || op->unanswered.empty()) return;
+  // The reducer says an op's failure once per stream: the rest of its
+  // replays would go unanswered.
+  link.window().drop(op);
+  const uint64_t first = op->plan->first_chunk(link.shard());
+  for (uint64_t k = first; k < first + op->plan->chunks_on_shard(link.shard()); ++k) {
+    if (op->replaying[k]) answer_replay(link, *op, static_cast<uint32_t>(k));
+  }
+  replays_answered(link, op);
 }
 
 void Client::Impl::on_link_lost(uint32_t shard) {

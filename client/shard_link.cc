@@ -129,7 +129,7 @@ void ShardLink::on_control(const wire::Control& message) {
   if (message.has_error()) {
     Status status = status_from_error(message.error());
     if (message.error().has_op()) {
-      return owner_.on_op_error(message.error().op(), status.with_context(name()));
+      return owner_.on_op_error(*this, message.error().op(), status.with_context(name()));
     }
     fatal_ = status;  // the reducer closes the stream next
     if (!settled_) settle(status.with_context("reducer " + address_.to_string()));

@@ -49,7 +49,7 @@ class LinkOwner {
   virtual bool on_unposted_result(ShardLink& link, const FrameHeader& h) = 0;
   // The reducer's Released mark, and an op's Error.
   virtual void on_released(uint32_t shard, uint64_t op_below) = 0;
-  virtual void on_op_error(uint64_t op, const Status& status) = 0;
+  virtual void on_op_error(ShardLink& link, uint64_t op, const Status& status) = 0;
   // The stream was lost and is being reopened; it is open again; it is
   // gone for good (`why`).
   virtual void on_link_lost(uint32_t shard) = 0;

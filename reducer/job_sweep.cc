@@ -27,6 +27,7 @@ struct Job::Overdue {
 };
 
 size_t Job::sweep(Clock::time_point now) {
+  if (give_up_stalled(now)) end_released_ops();
   std::lock_guard lock(mu_);
   // Linear in world size per chunk: ranks are marked, never searched.
   std::vector<bool> straggler(settings_.world_size, false);  // waited on past half the op timeout

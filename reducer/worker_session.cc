@@ -134,9 +134,11 @@ void WorkerSession::on_closed(const Status& why) {
       spdlog::warn("stream of job '{}' rank {} ({}) closed: {}", job_->name(), rank_, peer_,
                    why.to_string());
     }
-    context_->jobs->leave(job_, this,
-                          said_goodbye_ ? Status(ErrorCode::kCancelled, goodbye_reason_) : why,
-                          said_goodbye_ ? Departure::kGoodbye : Departure::kLost);
+    const Departure how = said_goodbye_           ? Departure::kGoodbye
+                          : conn_->peer_stalled() ? Departure::kStalled
+                                                  : Departure::kLost;
+    context_->jobs->leave(
+        job_, this, said_goodbye_ ? Status(ErrorCode::kCancelled, goodbye_reason_) : why, how);
   } else {
     warn_closed_before_joining(peer_, why);
   }

@@ -59,6 +59,9 @@ class FabricConnection final : public Connection,
   void close(const Status& reason) override;
 
   bool is_open() const override { return !closed_; }
+  bool peer_stalled() const override {
+    return payload_stalled_ || (control_ && control_->peer_stalled());
+  }
   const std::string& peer() const override { return peer_; }
   // A peer whose data path is tcp (attach_data_path) moves its data on the
   // control stream, which is paced and bounded as any tcp stream. On the
@@ -214,6 +217,7 @@ class FabricConnection final : public Connection,
   bool offered_ = false;
   bool closed_ = false;
   bool finished_ = false;
+  bool payload_stalled_ = false;  // closed by the payload watchdog
   bool paused_ = false;
   bool taking_ = false;
   bool awaiting_ = false;  // a handler-chosen payload is still arriving

@@ -185,6 +185,7 @@ void FabricConnection::check_payloads() {
     if (now - since > options_.peer_timeout) {
       const auto ms =
           std::chrono::duration_cast<std::chrono::milliseconds>(now - rx.owed_since).count();
+      payload_stalled_ = true;
       return close(
           Status(ErrorCode::kPeerLost, "the payload of " + describe(*rx.header) + " from " +
                                            peer() + " has not arrived " + std::to_string(ms) +

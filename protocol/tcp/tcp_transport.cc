@@ -182,6 +182,7 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
   }
 
   bool is_open() const override { return !closed_; }
+  bool peer_stalled() const override { return stalled_; }
   const std::string& peer() const override { return peer_; }
 
   // The kernel paces the socket (SO_MAX_PACING_RATE: TCP's internal pacing
@@ -504,6 +505,7 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
                                 : std::max(options_.peer_timeout, options_.first_frame_timeout);
     if (!paused_ && now - last_rx_ > allowed) {
       auto silent = std::chrono::duration_cast<std::chrono::milliseconds>(now - last_rx_);
+      stalled_ = true;
       return fail(Status(ErrorCode::kPeerLost, "no data or heartbeat from " + peer_ + " for " +
                                                    std::to_string(silent.count()) + " ms"));
     }
@@ -512,6 +514,7 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
     if (writing_ && options_.write_timeout.count() > 0 &&
         now - write_started_ > options_.write_timeout) {
       auto stalled = std::chrono::duration_cast<std::chrono::milliseconds>(now - write_started_);
+      stalled_ = true;
       return fail(Status(ErrorCode::kPeerLost,
                          peer_ + " has not read for " + std::to_string(stalled.count()) + " ms (" +
                              std::to_string(queue_.size()) + " frames wait for it)"));
@@ -532,6 +535,7 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
   std::shared_ptr<FrameHandler> handler_;
 
   bool closed_ = false;
+  bool stalled_ = false;  // closed for the peer timeout or the write deadline
   Status close_reason_;
   std::optional<Status> write_failed_;  // set by drain_then_fail
   Clock::time_point write_started_;     // of the frame being written

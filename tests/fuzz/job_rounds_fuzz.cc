@@ -7,9 +7,10 @@
 // worker does (replaying the results they have from the Released mark on,
 // contributing the rest again), saying their Received marks with a
 // released_below of any size; and lies: contributions and replays of any
-// op with any values, marks of any size, ranks leaving and joining,
-// forged replica messages (a round, a mark, an error, a departure, a loss,
-// a return), deliveries out of order, sweeps far in the future.
+// op with any values, marks of any size, ranks leaving (lost, stalled or
+// with a goodbye) and joining, forged replica messages (a round, a mark,
+// an error, a departure, a loss, a return), deliveries out of order,
+// sweeps far in the future.
 //
 // An input of odd length runs the job with reproducible sums (the groups
 // exchange the sum tree's nodes instead of the butterfly's segments).
@@ -267,9 +268,10 @@ class Harness {
         all_tainted_ = true;
         job.on_received(r, in.big(), in.big());
         break;
-      case 12:  // lost without a goodbye: the job fails for good
+      case 12:  // lost without a goodbye: the job fails for good, or, stalled, waits for it
         if (rank.member) {
-          job.leave(rank.member.get(), Status(ErrorCode::kPeerLost, "lost"), Departure::kLost);
+          job.leave(rank.member.get(), Status(ErrorCode::kPeerLost, "lost"),
+                    in.next() % 2 ? Departure::kStalled : Departure::kLost);
           rank.member = nullptr;
         }
         break;

@@ -410,6 +410,79 @@ TEST(Resume, HungThenContinuedReducerServesTheSameWorkersOn) {
   }
 }
 
+// A worker stopped (SIGSTOP) past the reducer's peer timeout and then
+// continued: the reducer takes it for stalled, not gone. Nothing fails; the
+// other rank is asked to rejoin and sends its ops in flight again, the
+// stopped one resumes once continued, and every op completes on both.
+TEST(Resume, StalledThenContinuedWorkerRejoinsItsJob) {
+  PoolSpec spec{.shards = 2};
+  spec.reducer_args.insert(spec.reducer_args.end(),
+                           {"--heartbeat-ms", "100", "--peer-timeout-ms", "600"});
+  TestCluster cluster(spec);
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  const std::string job = unique_job("worker-stalled");
+  WorkerGroup workers(cluster, "w", job, 2,
+                      [](uint32_t) {
+                        return Args{"--count", "30011", "--ops", "40"};
+                      },
+                      {{"TALLY_HEARTBEAT_MS", "100"}, {"TALLY_PEER_TIMEOUT_MS", "1000"}});
+  ASSERT_TRUE(eventually([&] { return contains(workers.stdout_of(1), "op 5 ok"); }, 30s))
+      << workers.stdout_of(1);
+  workers.process(1).signal(SIGSTOP);
+  struct Continue {
+    WorkerGroup& workers;
+    ~Continue() { workers.process(1).signal(SIGCONT); }
+  } continue_at_exit{workers};
+  // Both reducers give up its streams and ask rank 0 to rejoin.
+  const std::string stalled = "rank 1 (";
+  ASSERT_TRUE(eventually(
+      [&] {
+        return contains(cluster.reducer_log(0), "stalled") &&
+               contains(cluster.reducer_log(1), "stalled") &&
+               contains(cluster.reducer_log(0), "asked to rejoin") &&
+               contains(cluster.reducer_log(1), "asked to rejoin");
+      },
+      20s))
+      << cluster.reducer_log(0) << cluster.reducer_log(1);
+  workers.process(1).signal(SIGCONT);
+  for (uint32_t r = 0; r < 2; ++r) {
+    auto out = workers.wait(r, 60s);
+    EXPECT_EQ(out.exit_code, 0) << out.out;
+    EXPECT_TRUE(contains(out.out, "op 39 ok")) << out.out;
+  }
+  for (uint32_t i = 0; i < 2; ++i) {
+    EXPECT_TRUE(contains(cluster.reducer_log(i), "rank 1 resumed from")) << cluster.reducer_log(i);
+    EXPECT_FALSE(contains(cluster.reducer_log(i), "was lost")) << cluster.reducer_log(i);
+  }
+}
+
+// A worker stopped for longer than the job's op timeout: the reducer waits
+// that long for it and then fails the job, naming it, as for a lost rank.
+TEST(Resume, AWorkerStalledPastTheOpTimeoutFailsTheJobNamingIt) {
+  PoolSpec spec{.shards = 1};
+  spec.reducer_args.insert(spec.reducer_args.end(),
+                           {"--heartbeat-ms", "100", "--peer-timeout-ms", "600"});
+  TestCluster cluster(spec);
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  WorkerGroup workers(cluster, "w", unique_job("worker-gone"), 2,
+                      [](uint32_t) {
+                        return Args{"--count", "30011", "--ops", "1000"};
+                      },
+                      {{"TALLY_HEARTBEAT_MS", "100"},
+                       {"TALLY_PEER_TIMEOUT_MS", "1000"},
+                       {"TALLY_OP_TIMEOUT_MS", "3000"}});
+  ASSERT_TRUE(eventually([&] { return contains(workers.stdout_of(1), "op 5 ok"); }, 30s))
+      << workers.stdout_of(1);
+  workers.process(1).signal(SIGSTOP);
+  auto out = workers.wait(0, 30s);
+  workers.process(1).signal(SIGKILL);
+  workers.process(1).signal(SIGCONT);
+  EXPECT_NE(out.exit_code, 0) << out.out;
+  EXPECT_NE(out.exit_code, -1) << out.out;
+  EXPECT_TRUE(contains(out.out, "rank 1")) << out.out;
+  EXPECT_TRUE(contains(out.out, "did not resume within 3000 ms")) << out.out;
+}
+
 // A rank whose stream breaks while its reducer stays up, before any other
 // rank has joined: the reducer sees a lost rank of a job with no other
 // member, so the job's next round starts with the rank's resume, and the

@@ -338,6 +338,79 @@ TEST(Accumulator, LostRankFailsUnfinishedChunksAndLaterOps) {
             ErrorCode::kUnavailable);
 }
 
+// A rank whose stream stalled (the peer timeout) may be paused or cut off
+// and resume: nothing fails, the job drops what is in flight and asks the
+// others to rejoin, and once every rank is back the ops complete.
+TEST(Accumulator, StalledRankIsAwaitedAndTheJobGoesOnWhenItResumes) {
+  Fixture f(3);
+  PendingContribution p0;
+  auto h0 = f.header(0, 5, 0, 8, 0, 32);
+  auto a0 = f.offer(h0, p0);
+  f.deliver(h0, p0, a0);
+  f.job->leave(f.members[2].get(), Status(ErrorCode::kPeerLost, "no data or heartbeat for 10 s"),
+               Departure::kStalled);
+  for (uint32_t r : {0u, 1u}) {
+    ASSERT_EQ(f.members[r]->errors.size(), 1u);
+    ASSERT_TRUE(f.members[r]->errors[0].has_rejoin());
+    EXPECT_NE(f.members[r]->errors[0].rejoin().reason().find("rank 2"), std::string::npos);
+  }
+  EXPECT_FALSE(f.job->empty());
+  // A new worker cannot take the stalled rank's place meanwhile.
+  EXPECT_EQ(f.job->join(std::make_shared<RecordingMember>(2), Arrival::kFresh).code(),
+            ErrorCode::kUnavailable);
+  // Frames of the streams asked to rejoin are dropped.
+  PendingContribution stale;
+  EXPECT_EQ(f.offer(f.header(1, 5, 0, 8, 0, 32), stale).kind, PayloadAction::Kind::kDiscard);
+  for (uint32_t r = 0; r < 3; ++r) {
+    f.members[r] = std::make_shared<RecordingMember>(r);
+    ASSERT_TRUE(f.job->join(f.members[r], Arrival::kResuming).is_ok());
+  }
+  // Rank 0's contribution went with the round: every rank sends it again.
+  for (uint32_t r = 0; r < 3; ++r) {
+    PendingContribution p;
+    auto h = f.header(r, 5, 0, 8, 0, 32);
+    auto a = f.offer(h, p);
+    ASSERT_EQ(a.kind, PayloadAction::Kind::kReceive);
+    f.deliver(h, p, a);
+  }
+  for (uint32_t r = 0; r < 3; ++r) {
+    ASSERT_EQ(f.members[r]->results.size(), 1u);
+    for (size_t i = 0; i < 8; ++i) {
+      EXPECT_EQ(f.members[r]->results[0].values[i], expected_sum(3, i));
+    }
+    for (auto& c : f.members[r]->errors) EXPECT_FALSE(c.has_error()) << c.DebugString();
+  }
+}
+
+// A stalled rank that does not resume within the op timeout fails the job
+// as a lost one does, naming it.
+TEST(Accumulator, StalledRankNotBackWithinTheOpTimeoutFailsTheJob) {
+  Fixture f(2);
+  f.job->leave(f.members[1].get(), Status(ErrorCode::kPeerLost, "no data or heartbeat"),
+               Departure::kStalled);
+  f.members[0] = std::make_shared<RecordingMember>(0);
+  ASSERT_TRUE(f.job->join(f.members[0], Arrival::kResuming).is_ok());
+  PendingContribution p0;
+  auto h0 = f.header(0, 3, 0, 8, 0, 32);
+  auto a0 = f.offer(h0, p0);
+  f.deliver(h0, p0, a0);
+  f.job->sweep(std::chrono::steady_clock::now() + std::chrono::milliseconds(500));
+  for (auto& c : f.members[0]->errors) EXPECT_FALSE(c.has_error()) << c.DebugString();
+  f.job->sweep(std::chrono::steady_clock::now() + std::chrono::milliseconds(1100));
+  ASSERT_FALSE(f.members[0]->errors.empty());
+  const wire::Control& failed = f.members[0]->errors.back();
+  ASSERT_TRUE(failed.has_error());
+  EXPECT_EQ(failed.error().op(), 3u);
+  EXPECT_EQ(failed.error().code(), wire::PEER_LOST);
+  EXPECT_NE(failed.error().message().find("rank 1"), std::string::npos);
+  EXPECT_NE(failed.error().message().find("did not resume within 1000 ms"), std::string::npos)
+      << failed.error().message();
+  PendingContribution later;
+  EXPECT_EQ(f.offer(f.header(0, 4, 0, 8, 0, 32), later).kind, PayloadAction::Kind::kDiscard);
+  EXPECT_EQ(f.job->join(std::make_shared<RecordingMember>(1), Arrival::kResuming).code(),
+            ErrorCode::kUnavailable);
+}
+
 TEST(Accumulator, GoodbyeFailsOnlyWhatStillNeedsTheRank) {
   Fixture f(2);
   // Op 0 chunk 0: rank 1 already contributed, rank 0 not yet.

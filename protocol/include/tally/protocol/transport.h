@@ -212,6 +212,12 @@ class Connection {
   // receive budget"). Best effort; a data path that does not pass its
   // kernel socket (the fabric) is not bounded.
   virtual void bound_receive_window(uint64_t bytes) = 0;
+  // Whether the stream was closed because the peer stalled past the peer
+  // timeout: nothing heard from it, nothing of ours read, or a fabric
+  // payload that stopped arriving. A stalled peer may be alive behind a
+  // partition or a pause and come back; one that closed or reset its end,
+  // or broke the protocol, is gone.
+  virtual bool peer_stalled() const = 0;
 };
 
 }  // namespace tally

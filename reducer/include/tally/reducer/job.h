@@ -113,8 +113,10 @@ struct PendingContribution {
   void reset() { *this = {}; }
 };
 
-// How a member left: with a goodbye (its stated reason) or lost.
-enum class Departure { kGoodbye, kLost };
+// How a member left: with a goodbye (its stated reason), lost (its stream
+// closed, reset or broke the protocol), or stalled (its stream went quiet
+// past the peer timeout: it may be paused or cut off, and resume).
+enum class Departure { kGoodbye, kLost, kStalled };
 // How a member came: a worker's first hello (a new Client, with no
 // results yet), or a hello with resume set (it reconnects with ops and
 // results it may need to send again).
@@ -245,6 +247,15 @@ class Job : public std::enable_shared_from_this<Job> {
   // Fails every op in flight here; mu_ held.
   void fail_all_ops_locked(const Status& status, const std::vector<uint32_t>& ranks,
                            Forward forward);
+  // A rank stalled: the job starts a round without it and waits for it to
+  // resume until the op timeout; mu_ held.
+  void await_stalled_locked(uint32_t rank, const std::string& peer, const Status& why);
+  // The job gives up on the stalled ranks whose time is up at `now`: it
+  // fails as for lost ranks. Returns whether the released mark moved.
+  bool give_up_stalled(Clock::time_point now);
+  // Fails the job for good (lost_) for `ranks`; mu_ held. Returns whether
+  // the released mark moved.
+  bool lose_locked(const Status& lost, const std::vector<uint32_t>& ranks);
   // Starts round `round` (> round_): drops every chunk in flight, asks each
   // member to rejoin (Rejoin) and announces the round to the other
   // replicas; mu_ held.
@@ -314,6 +325,13 @@ class Job : public std::enable_shared_from_this<Job> {
   std::string retired_why_;
   std::optional<Status> lost_;  // why the job failed for good
   std::vector<uint32_t> lost_ranks_;
+  // Ranks that stalled, awaited to resume until `until`; then the job
+  // fails as for a lost rank, with `lost` as the reason.
+  struct Stalled {
+    Status lost;
+    Clock::time_point until;
+  };
+  std::map<uint32_t, Stalled> stalled_;
   LeftGroups left_groups_;  // its own (leaf) lock: read under a chunk's lock
   EarlyPartials early_;
   std::map<uint32_t, std::string> departed_;  // ranks that said goodbye, and why
