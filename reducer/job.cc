@@ -265,6 +265,8 @@ bool Job::give_up_stalled(Clock::time_point now) {
     if (!lost) lost = s.lost;
   }
   if (!lost || lost_) return false;
+  spdlog::warn("job '{}' shard {} group {} fails: {}", name(), settings_.shard, settings_.group,
+               lost->message());
   return lose_locked(*lost, ranks);
 }
 
