@@ -195,10 +195,11 @@ struct Client::Impl final : LinkOwner {
   void answer_replay(ShardLink& link, Op& op, uint32_t chunk);
   // After answers to `op`'s replays: the window sends on, kept results
   // may go, a released op may end.
-  void replays_answered(ShardLink& link, const std::shared_ptr<Op>& op);
+  // `op` by value: trimming the kept results may drop the caller's pointer.
+  void replays_answered(ShardLink& link, std::shared_ptr<Op> op);
   // `op` failed on `link`'s reducer: its replays there still unanswered
   // are answered, and those not sent yet will not be.
-  void answer_replays(ShardLink& link, const std::shared_ptr<Op>& op);
+  void answer_replays(ShardLink& link, std::shared_ptr<Op> op);
   void on_released(uint32_t shard, uint64_t op_below) override;
   // Tells the reducers how far this worker has every result (Received).
   void note_received();

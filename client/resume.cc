@@ -177,13 +177,13 @@ void Client::Impl::answer_replay(ShardLink& link, Op& op, uint32_t chunk) {
   link.window().answered(1, bytes);
 }
 
-void Client::Impl::replays_answered(ShardLink& link, const std::shared_ptr<Op>& op) {
+void Client::Impl::replays_answered(ShardLink& link, std::shared_ptr<Op> op) {
   pump(link);
   trim_kept();
   if (op->holding) maybe_finish(op);  // a released op waits for these answers
 }
 
-void Client::Impl::answer_replays(ShardLink& link, const std::shared_ptr<Op>& op) {
+void Client::Impl::answer_replays(ShardLink& link, std::shared_ptr<Op> op) {
   if (!op->plan || op->unanswered.empty()) return;
   // The reducer says an op's failure once per stream: the rest of its
   // replays would go unanswered.
