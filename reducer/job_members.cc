@@ -102,10 +102,12 @@ bool Job::leave_locked(const JobMember* member, const Status& why, Departure how
     for (uint64_t op : ops) fail_op_locked(op, gone, {rank});
     return released_moved;
   }
-  const Status lost(ErrorCode::kPeerLost, "rank " + std::to_string(rank) + " (" + member->peer() +
-                                              ") of job '" + name() +
-                                              "' was lost: " + why.message());
-  return lose_locked(lost, {rank}) || released_moved;
+  return lose_locked(lost_status(rank, member->peer(), why.message()), {rank}) || released_moved;
+}
+
+Status Job::lost_status(uint32_t rank, const std::string& peer, const std::string& why) const {
+  return Status(ErrorCode::kPeerLost, "rank " + std::to_string(rank) + " (" + peer + ") of job '" +
+                                          name() + "' was lost: " + why);
 }
 
 bool Job::lose_locked(const Status& lost, const std::vector<uint32_t>& ranks) {
@@ -130,10 +132,9 @@ void Job::await_stalled_locked(uint32_t rank, const std::string& peer, const Sta
   // Not marked as having left: the others keep the results it may not
   // have, and send them again (as replays) for it.
   const auto now = Clock::now();
-  stalled_[rank] = {Status(ErrorCode::kPeerLost,
-                           "rank " + std::to_string(rank) + " (" + peer + ") of job '" + name() +
-                               "' was lost: " + why.message() + "; it did not resume within " +
-                               std::to_string(settings_.op_timeout.count()) + " ms"),
+  stalled_[rank] = {lost_status(rank, peer,
+                                why.message() + "; it did not resume within " +
+                                    std::to_string(settings_.op_timeout.count()) + " ms"),
                     now + settings_.op_timeout};
   spdlog::warn(
       "job '{}' shard {} group {}: rank {} ({}) stalled ({}); its ops wait up to {} ms for it to "

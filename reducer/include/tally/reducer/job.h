@@ -247,6 +247,8 @@ class Job : public std::enable_shared_from_this<Job> {
   // Fails every op in flight here; mu_ held.
   void fail_all_ops_locked(const Status& status, const std::vector<uint32_t>& ranks,
                            Forward forward);
+  // `rank (peer) of job 'x' was lost: why`, kPeerLost.
+  Status lost_status(uint32_t rank, const std::string& peer, const std::string& why) const;
   // A rank stalled: the job starts a round without it and waits for it to
   // resume until the op timeout; mu_ held.
   void await_stalled_locked(uint32_t rank, const std::string& peer, const Status& why);
